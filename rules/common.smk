@@ -1,0 +1,53 @@
+# Helpers shared by the rule files: names, paths and parameters derived from the config.
+import json
+
+from esgrpo.config import check_config
+
+check_config(config)
+
+RESULTS = "results"
+MODELS = list(config["models"])
+TASKS = list(config["tasks"])
+
+
+def _alternatives(names):
+    return "|".join(re.escape(n) for n in names)
+
+
+wildcard_constraints:
+    model=_alternatives(MODELS),
+    task=_alternatives(TASKS),
+    evaltask=_alternatives(TASKS),
+
+
+def model_tasks(model):
+    return config["models"][model]["tasks"]
+
+
+def base_model_files(wildcards):
+    """The built base checkpoint, when the model is built here (not a Hub id or a folder)."""
+    if config["models"][wildcards.model]["source"] == "default":
+        return f"{RESULTS}/{wildcards.model}/base/model"
+    return []
+
+
+def base_model_ref(wildcards):
+    source = config["models"][wildcards.model]["source"]
+    return f"{RESULTS}/{wildcards.model}/base/model" if source == "default" else source
+
+
+def eval_params(model):
+    """Evaluation settings: the global block, overridden per model."""
+    return {**config["eval"], **config["models"][model].get("eval", {})}
+
+
+def base_eval_targets():
+    return [f"{RESULTS}/{m}/base/eval.json" for m in MODELS]
+
+
+def table_targets(name):
+    return [f"{RESULTS}/tables/{name}.{ext}" for ext in ("csv", "md", "tex")]
+
+
+def all_targets():
+    return [*table_targets("base_passk"), f"{RESULTS}/figures/base_passk.png"]

@@ -1,0 +1,16 @@
+# Data preparation: every task's train and test rows, materialised once.
+
+
+rule prepare_task:
+    output:
+        train=f"{RESULTS}/data/{{task}}/train.jsonl",
+        test=f"{RESULTS}/data/{{task}}/test.jsonl",
+        info=f"{RESULTS}/data/{{task}}/info.json",
+    params:
+        options=lambda wc: config["tasks"][wc.task],
+        seed=config["seed"],
+    log:
+        f"{RESULTS}/logs/data/{{task}}.log",
+    threads: 1
+    script:
+        "../workflow_scripts/prepare_task.py"

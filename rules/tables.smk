@@ -1,0 +1,17 @@
+# Tables (CSV + Markdown + LaTeX) and figures; they read only tidy evaluation files.
+
+
+rule table_base_passk:
+    input:
+        evals=base_eval_targets(),
+    output:
+        csv=f"{RESULTS}/tables/base_passk.csv",
+        md=f"{RESULTS}/tables/base_passk.md",
+        tex=f"{RESULTS}/tables/base_passk.tex",
+        figure=f"{RESULTS}/figures/base_passk.png",
+        figure_pdf=f"{RESULTS}/figures/base_passk.pdf",
+    log:
+        f"{RESULTS}/logs/tables/base_passk.log",
+    localrule: True
+    script:
+        "../workflow_scripts/table_base_passk.py"

@@ -1,0 +1,1 @@
+"""Parameter-space and output-space analyses of trained checkpoints (pure functions on state dicts)."""

@@ -1,0 +1,105 @@
+"""Weight-space paths: linear mode connectivity between two updates and scans along directions.
+
+Arithmetic runs in float64 per tensor and the result is cast back to ``theta0``'s dtype,
+so the endpoints reproduce the two models exactly when the deltas were taken in float64.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from esgrpo.analysis.drift import StateDict, l2
+
+__all__ = ["interpolate", "along_direction", "random_direction_like", "barrier_height", "tensor_seed"]
+
+
+def _f64(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu", torch.float64)
+
+
+def _combine(theta0: StateDict, terms: Sequence[tuple[float, StateDict]]) -> dict[str, torch.Tensor]:
+    """``theta0 + sum_i c_i * d_i``; tensors absent from the deltas are passed through."""
+    keys = set(terms[0][1])
+    for _, d in terms[1:]:
+        if set(d) != keys:
+            raise KeyError("deltas differ in keys")
+    missing = keys - set(theta0)
+    if missing:
+        raise KeyError(f"delta names missing from theta0: {sorted(missing)[:5]}")
+    out = {}
+    for name, t0 in theta0.items():
+        if name not in keys:
+            out[name] = t0
+            continue
+        acc = _f64(t0)
+        for c, d in terms:
+            if d[name].shape != t0.shape:
+                raise ValueError(f"shape mismatch for {name}")
+            acc = acc + c * _f64(d[name])
+        out[name] = acc.to(device=t0.device, dtype=t0.dtype)
+    return out
+
+
+def interpolate(theta0: StateDict, d_a: StateDict, d_b: StateDict, lam: float) -> dict[str, torch.Tensor]:
+    """``theta0 + (1 - lam) * d_a + lam * d_b``: lam 0 gives model A, lam 1 model B."""
+    return _combine(theta0, [(1.0 - lam, d_a), (lam, d_b)])
+
+
+def along_direction(theta0: StateDict, direction: StateDict, step: float) -> dict[str, torch.Tensor]:
+    """``theta0 + step * direction / ||direction||``: ``step`` is the global L2 distance travelled."""
+    norm = l2(direction)
+    if not norm > 0:
+        raise ValueError("direction has zero norm")
+    return _combine(theta0, [(step / norm, direction)])
+
+
+def tensor_seed(seed: int, name: str) -> int:
+    """Per-tensor seed ``seed XOR crc32(name)``: stable across processes, unlike Python's salted ``hash``."""
+    return (int(seed) ^ zlib.crc32(name.encode("utf-8"))) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def random_direction_like(
+    delta: StateDict, seed: int, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
+    """Gaussian direction shaped like ``delta`` with unit global L2 norm.
+
+    Each tensor is drawn in float32 from its own generator seeded by :func:`tensor_seed`, so
+    a tensor's values do not depend on which other tensors are present or their order.
+    """
+    raw = {}
+    sq = 0.0
+    for name, t in delta.items():
+        if not t.is_floating_point():
+            continue
+        g = torch.Generator().manual_seed(tensor_seed(seed, name))
+        r = torch.randn(t.shape, generator=g, dtype=torch.float32)
+        sq += float(r.to(torch.float64).square().sum())
+        raw[name] = r
+    norm = math.sqrt(sq)
+    return {name: (r.to(torch.float64) / norm).to(dtype) for name, r in raw.items()}
+
+
+def barrier_height(lams: Sequence[float], accs: Sequence[float]) -> float:
+    """Loss barrier in accuracy units along an interpolation path.
+
+    ``max`` over the interior points of (linear interpolation between the two endpoint
+    accuracies - accuracy), clipped at 0: positive means accuracy dips below the straight
+    line joining the endpoints. Points are sorted by lam; fewer than three points give 0.
+    """
+    x = np.asarray(lams, dtype=np.float64).ravel()
+    y = np.asarray(accs, dtype=np.float64).ravel()
+    if x.shape != y.shape:
+        raise ValueError("lams and accs differ in length")
+    if x.size < 3:
+        return 0.0
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    if x[-1] == x[0]:
+        raise ValueError("lams must span an interval")
+    line = y[0] + (x - x[0]) / (x[-1] - x[0]) * (y[-1] - y[0])
+    return float(max(0.0, np.max(line[1:-1] - y[1:-1])))

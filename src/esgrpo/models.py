@@ -1,0 +1,127 @@
+"""Load any causal LM by Hub id or local path; build the offline default (tokenizer + tiny Llama).
+
+The default tokenizer is a byte-level BPE trained on the default tasks' own text, with
+digits split one per token (so arithmetic is learnable) and a chat template whose turn end
+`<|end|>` is the EOS token: generation stops at the end of the assistant's turn, for
+transformers, TRL and the population engine alike.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+END = "<|end|>"
+PAD = "<|pad|>"
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 384):
+    """A byte-level BPE with one token per digit and the chat special tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[PAD, END, *ROLE_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    core.train_from_iterator(texts, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=END, pad_token=PAD,
+                                        padding_side="left")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+@dataclass(frozen=True)
+class TinyLlamaSpec:
+    """Architecture of the offline default model (a Llama, so every tool can load it)."""
+
+    hidden_size: int = 64
+    intermediate_size: int = 176
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    max_position_embeddings: int = 160
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+
+
+def build_tiny_llama(tokenizer, spec: TinyLlamaSpec, seed: int):
+    """A freshly initialised LlamaForCausalLM, deterministic in `seed`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size, num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads, num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": spec.rope_theta},
+        tie_word_embeddings=spec.tie_word_embeddings,
+        bos_token_id=None, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model
+
+
+def count_parameters(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", device: str = "cpu",
+               gguf_file: str | None = None):
+    """Model and tokenizer from a Hub id or a local folder (HF layout, or a GGUF file inside it)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = str(name_or_path)
+    if Path(path).is_dir() and gguf_file is None and not (Path(path) / "config.json").exists():
+        raise FileNotFoundError(f"{path}: no config.json, not a model folder in HF layout")
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kwargs)
+    model.to(device)
+    model.eval()
+    return model, tokenizer
+
+
+def save_model(model, tokenizer, out_dir: str | os.PathLike) -> None:
+    """HF layout with safetensors, written to a temporary folder and renamed into place."""
+    import shutil
+    import tempfile
+
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+
+
+def prompt_texts(tokenizer, rows: list[dict]) -> list[str]:
+    """The chat-formatted prompt of each row, ending with the assistant's turn marker."""
+    return [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+            for r in rows]

@@ -1,0 +1,1 @@
+"""Stage functions called by the workflow scripts: read inputs, compute, write outputs atomically."""

@@ -1,0 +1,33 @@
+"""Stage: materialise a task's train and test rows as JSON lines."""
+
+from __future__ import annotations
+
+from esgrpo.io import read_jsonl, write_json, write_jsonl
+from esgrpo.provenance import provenance
+from esgrpo.tasks.base import get_task
+
+
+def prepare_task(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    task = get_task(wildcards["task"])
+    options = dict(params["options"])
+    source = options.pop("source", None)
+    seed = int(params["seed"])
+    sizes = {"train": options.pop("train_size", None), "test": options.pop("test_size", None)}
+    counts = {}
+    for split in ("train", "test"):
+        kwargs = {"source": source} if source else {}
+        rows = task.loader(split, sizes[split], seed, **kwargs, **options)
+        if not rows:
+            raise ValueError(f"task {task.name!r} gave no {split} rows (options {params['options']})")
+        write_jsonl(output[split], rows)
+        counts[split] = len(rows)
+    overlap = ({r["id"] for r in read_jsonl(output["train"])} & {r["id"] for r in read_jsonl(output["test"])})
+    if overlap:
+        raise ValueError(f"task {task.name!r}: {len(overlap)} rows are in both train and test")
+    write_json(output["info"], {"task": task.name, "verifier": task.verifier, "rows": counts,
+                                "provenance": provenance(params, seed)})
+
+
+def load_rows(path: str, limit: int | None = None) -> list[dict]:
+    rows = read_jsonl(path)
+    return rows if limit is None else rows[:limit]

@@ -1,0 +1,583 @@
+"""Population-batched generation: N perturbed copies of one small causal LM, one forward per step.
+
+Evolution Strategies evaluates N members ``theta + sigma * eps_n`` on the same prompt batch.
+Calling ``model.generate`` once per member (`sequential_generate`, the structure of the public
+ES implementations and our reference) pays transformers' per-step Python overhead N times;
+for models of a few million parameters or fewer that overhead, not arithmetic, is the cost.
+`population_generate` instead runs all members in one pure-torch forward per decoding step:
+every weight is stacked with a leading member axis, every projection is one batched matmul
+(`torch.bmm` / `baddbmm`) over members, and the rows of member n are its copy of the B prompts
+(N * B sequences in all).
+
+Supported: transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (q/k/v biases), fp32
+compute, RMSNorm, rotary embeddings (static rope types), grouped-query attention, SiLU gated
+MLP, tied or untied ``lm_head``. Prompts are LEFT-padded (``attention_mask`` 0 on the left);
+positions are ``cumsum(mask) - 1`` exactly as ``generate`` computes them, so greedy decoding
+gives the tokens ``generate`` gives, member by member (up to float rounding in near-ties).
+
+What the forward does differently from transformers, all exact rewrites of the same maths
+(only float rounding differs), each to save ops per step for tiny models:
+- the RMSNorm weights are folded into the projection that follows the norm
+  (``(g * xhat) @ W.T == xhat @ (g[:, None] * W.T)``), the 1/sqrt(head_dim) attention scale
+  into the query projection, and q/k/v (and gate/up) into one fused matrix per member;
+- the rotary rotation is one complex multiply: within every query and key head the output
+  features are permuted from transformers' (first half, second half) pairing to interleaved
+  pairs, which leaves every q.k dot product unchanged (the same permutation on both sides);
+- keys and values are written into a preallocated cache ``[N, B, kv_heads, T + new, head_dim]``
+  and the residual adds ride on ``baddbmm``;
+- padded keys get a large FINITE negative score, so a row with no valid key (a pad query)
+  gets a uniform softmax instead of NaN; such rows never feed a real token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "PopulationOutput",
+    "PopulationWeights",
+    "population_generate",
+    "prepare_population",
+    "sequential_generate",
+    "stack_members",
+]
+
+# Added to the attention scores of padded key slots. Finite on purpose: a fully masked row then
+# softmaxes to uniform weights instead of NaN (finfo.min is what transformers uses too).
+_MASK_VALUE = torch.finfo(torch.float32).min
+# Bound on the prefill attention-score buffer (bytes); members are chunked above it.
+_PREFILL_SCORE_BYTES = 256 * 2**20
+
+
+@dataclass
+class PopulationOutput:
+    """Generated continuations of every member for every prompt.
+
+    tokens: LongTensor [N, B, L], L = max_new_tokens; EOS included, pad after it (and pad in
+        the unused tail when a sequence ends early).
+    lengths: LongTensor [N, B], generated tokens counting the EOS.
+    logprobs: [N, B, L] log-probability of each emitted token under the RAW model distribution
+        (softmax of the untempered, unfiltered logits), 0 after the end.
+    entropies: [N, B, L] entropy (nats) of that raw next-token distribution, 0 after the end.
+    """
+
+    tokens: Tensor
+    lengths: Tensor
+    logprobs: Tensor
+    entropies: Tensor
+
+
+# --------------------------------------------------------------------------- architecture
+
+
+@dataclass(frozen=True)
+class _Arch:
+    vocab: int
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    eps: float
+    tied: bool
+    prefix: str  # name of the decoder inside the CausalLM ("model")
+    inv_freq: Tensor  # [head_dim / 2] rotary inverse frequencies, fp32
+    rope_scale: float  # transformers' attention_scaling (1.0 for the default rope)
+
+
+def _arch(model: torch.nn.Module) -> _Arch:
+    config = model.config
+    if getattr(config, "model_type", None) not in ("llama", "qwen2"):
+        raise NotImplementedError(f"population generation supports llama and qwen2, not {config.model_type!r}")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise NotImplementedError(f"hidden_act {config.hidden_act!r} (only silu)")
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    if heads % kv_heads or head_dim % 2:
+        raise ValueError(f"heads {heads} / kv_heads {kv_heads} / head_dim {head_dim} not supported")
+    prefix = getattr(model, "base_model_prefix", "model") or "model"
+    names = {name for name, _ in model.named_parameters()}
+    inv_freq, rope_scale = _rope(model, config, head_dim)
+    return _Arch(vocab=config.vocab_size, hidden=config.hidden_size, layers=config.num_hidden_layers,
+                 heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=config.intermediate_size,
+                 eps=float(config.rms_norm_eps), tied="lm_head.weight" not in names, prefix=prefix,
+                 inv_freq=inv_freq, rope_scale=rope_scale)
+
+
+def _rope(model: torch.nn.Module, config, head_dim: int) -> tuple[Tensor, float]:
+    """Rotary inverse frequencies and output scale, as transformers computes them."""
+    params = getattr(config, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        # transformers 5.x keeps theta in rope_parameters; 4.x had config.rope_theta.
+        theta = params.get("rope_theta", getattr(config, "rope_theta", None))
+        if theta is None:
+            raise ValueError("no rope theta in config.rope_parameters or config.rope_theta")
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+        return 1.0 / (float(theta) ** exponent), 1.0
+    if rope_type in ("dynamic", "longrope"):  # frequencies that change with the sequence length
+        raise NotImplementedError(f"rope_type {rope_type!r}")
+    # Other static rope types (linear, llama3, yarn, ...): reuse the module's precomputed buffer.
+    rotary = getattr(getattr(model, "model", model), "rotary_emb", None)
+    if rotary is None or not hasattr(rotary, "inv_freq"):
+        raise NotImplementedError(f"rope_type {rope_type!r} without a rotary_emb.inv_freq buffer")
+    return rotary.inv_freq.detach().float().cpu(), float(getattr(rotary, "attention_scaling", 1.0))
+
+
+def _check_window(model: torch.nn.Module, total: int) -> None:
+    config = model.config
+    layer_types = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    if any(t != "full_attention" for t in layer_types) and window is not None and window < total:
+        raise NotImplementedError(f"sliding-window attention (window {window} < sequence length {total})")
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def stack_members(model: torch.nn.Module, member_state_dicts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
+    """Stack N member state dicts into ``{name: [N, *param.shape]}`` for every parameter of `model`.
+
+    Names are those of ``model.named_parameters()`` (a tied ``lm_head.weight`` is not one);
+    extra keys in the state dicts (buffers, the tied head) are ignored.
+    """
+    if not member_state_dicts:
+        raise ValueError("no members")
+    stacked = {}
+    for name, param in model.named_parameters():
+        missing = [i for i, sd in enumerate(member_state_dicts) if name not in sd]
+        if missing:
+            raise KeyError(f"{name} missing from member state dict(s) {missing}")
+        stacked[name] = torch.stack([sd[name].detach().to(param.device) for sd in member_state_dicts])
+    return stacked
+
+
+@dataclass
+class _Layer:
+    wqkv: Tensor  # [N, H, (heads + 2 kv_heads) * head_dim], input norm, q scale, rope permutation folded
+    bqkv: Tensor | None  # [N, 1, same] or None
+    wo: Tensor  # [N, heads * head_dim, H]
+    bo: Tensor | None
+    wgu: Tensor  # [N, H, 2 I], post-attention norm folded
+    bgu: Tensor | None
+    wd: Tensor  # [N, I, H]
+    bd: Tensor | None
+
+
+@dataclass
+class PopulationWeights:
+    """Member weights laid out for `population_generate`; build with `prepare_population`.
+
+    Reusable across calls with the same members (several prompt batches), which saves the one
+    copy of all N x d numbers that preparing costs.
+    """
+
+    n_members: int
+    arch: _Arch
+    embed: Tensor  # [N * V, H], row n * V + token
+    layers: list[_Layer]
+    lm_head: Tensor  # [N, H, V], final norm folded
+
+
+def _rope_perm(head_dim: int, heads: int) -> Tensor:
+    """Output-feature order that pairs (i, i + head_dim/2) as adjacent (real, imaginary) entries."""
+    half = head_dim // 2
+    within = torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).reshape(-1)
+    return (torch.arange(heads)[:, None] * head_dim + within[None, :]).reshape(-1)
+
+
+@torch.no_grad()
+def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | None,
+                       member_rows: Tensor | None = None) -> PopulationWeights:
+    """Fuse and lay out stacked member weights once per call (or once per population).
+
+    stacked: ``{name: [N, *param.shape]}``; None means the model's own weights (N = 1). A name
+    absent from `stacked` takes the model's own value for every member (e.g. frozen tensors).
+    member_rows: optional 1-D indices into the member axis: only those members are prepared
+    (in that order), e.g. to re-evaluate a subset without restacking.
+    """
+    arch = _arch(model)
+    params = dict(model.named_parameters())
+    if stacked is None:
+        stacked = {}
+        n_members = 1
+    else:
+        sizes = {int(v.shape[0]) for v in stacked.values()}
+        if len(sizes) != 1:
+            raise ValueError(f"stacked tensors disagree on the member count: {sorted(sizes)}")
+        n_members = sizes.pop()
+        unknown = set(stacked) - set(params)
+        if unknown:
+            raise KeyError(f"not parameters of the model: {sorted(unknown)[:5]}")
+    rows = None
+    if member_rows is not None:
+        rows = torch.as_tensor(member_rows, dtype=torch.long).reshape(-1)
+        n_members = int(rows.numel())
+    device = next(model.parameters()).device
+
+    def get(name: str) -> Tensor:
+        """[N, *shape] fp32; may be an expanded view (callers copy)."""
+        if name in stacked:
+            value = stacked[name]
+            if rows is not None:
+                value = value.index_select(0, rows.to(value.device))
+            return value.to(device=device, dtype=torch.float32)
+        value = params[name].detach().to(torch.float32)
+        return value.unsqueeze(0).expand(n_members, *value.shape)
+
+    def maybe(name: str) -> Tensor | None:
+        return get(name) if name in params else None
+
+    hd, nq, nkv = arch.head_dim, arch.heads, arch.kv_heads
+    perm_q, perm_k = _rope_perm(hd, nq).to(device), _rope_perm(hd, nkv).to(device)
+    scale = hd ** -0.5
+    p = arch.prefix
+    layers = []
+    for i in range(arch.layers):
+        a, m = f"{p}.layers.{i}.self_attn.", f"{p}.layers.{i}.mlp."
+        ln1 = get(f"{p}.layers.{i}.input_layernorm.weight")
+        ln2 = get(f"{p}.layers.{i}.post_attention_layernorm.weight")
+        wqkv = torch.cat([get(a + "q_proj.weight")[:, perm_q] * scale,
+                          get(a + "k_proj.weight")[:, perm_k],
+                          get(a + "v_proj.weight")], dim=1)  # [N, C, H], nn.Linear layout
+        wqkv = (wqkv * ln1[:, None, :]).transpose(1, 2).contiguous()  # [N, H, C]: x @ W is a plain NN gemm
+        biases = [maybe(a + f"{x}_proj.bias") for x in "qkv"]
+        bqkv = None
+        if any(b is not None for b in biases):
+            widths = (nq * hd, nkv * hd, nkv * hd)
+            bq, bk, bv = (b if b is not None else torch.zeros(n_members, w, device=device)
+                          for b, w in zip(biases, widths, strict=True))
+            bqkv = torch.cat([bq[:, perm_q] * scale, bk[:, perm_k], bv], dim=1).unsqueeze(1).contiguous()
+        wgu = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")], dim=1)
+        wgu = (wgu * ln2[:, None, :]).transpose(1, 2).contiguous()
+        bgu = None
+        if f"{m}gate_proj.bias" in params:
+            bgu = torch.cat([get(m + "gate_proj.bias"), get(m + "up_proj.bias")], dim=1).unsqueeze(1).contiguous()
+
+        def bias(name: str) -> Tensor | None:
+            b = maybe(name)
+            return None if b is None else b.unsqueeze(1).contiguous()
+
+        layers.append(_Layer(
+            wqkv=wqkv, bqkv=bqkv,
+            wo=get(a + "o_proj.weight").transpose(1, 2).contiguous(), bo=bias(a + "o_proj.bias"),
+            wgu=wgu, bgu=bgu,
+            wd=get(m + "down_proj.weight").transpose(1, 2).contiguous(), bd=bias(m + "down_proj.bias")))
+    embed = get(f"{p}.embed_tokens.weight")  # [N, V, H]
+    head = embed if arch.tied else get("lm_head.weight")
+    lm_head = (head * get(f"{p}.norm.weight")[:, None, :]).transpose(1, 2).contiguous()
+    return PopulationWeights(n_members=n_members, arch=arch,
+                             embed=embed.contiguous().reshape(n_members * arch.vocab, arch.hidden),
+                             layers=layers, lm_head=lm_head)
+
+
+# --------------------------------------------------------------------------- forward pieces
+
+
+def _rms(x: Tensor, eps: float) -> Tensor:
+    """RMSNorm without its weight (folded into the next matmul); transformers' formula."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
+
+
+def _project(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    return torch.bmm(x, w) if b is None else torch.baddbmm(b, x, w)
+
+
+def _add_project_(x: Tensor, y: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
+    """x += y @ w (+ b), in place: the residual add rides on the gemm."""
+    x.baddbmm_(y, w)
+    return x if b is None else x.add_(b)
+
+
+def _mlp_(x: Tensor, layer: _Layer, eps: float, inter: int) -> Tensor:
+    gu = _project(_rms(x, eps), layer.wgu, layer.bgu)
+    act = F.silu(gu[..., :inter]).mul_(gu[..., inter:])
+    return _add_project_(x, act, layer.wd, layer.bd)
+
+
+def _attention_prefill(q: Tensor, kc: Tensor, vc: Tensor, add_mask: Tensor, t: int, tq: int,
+                       groups: int) -> Tensor:
+    """Attention of `tq` queries per row over the first `t` cache slots; q [N, B, tq, heads, hd].
+
+    Returns [N, B * tq, heads * hd]. Chunked over members to bound the score buffer.
+    """
+    n, b, _, heads, hd = q.shape
+    nkv = heads // groups
+    per_member = b * heads * tq * t * 4
+    step = max(1, _PREFILL_SCORE_BYTES // max(per_member, 1))
+    out = []
+    for s in range(0, n, step):
+        e = min(n, s + step)
+        m = e - s
+        qs = q[s:e].unflatten(3, (nkv, groups)).permute(0, 1, 3, 4, 2, 5).reshape(m * b * nkv, groups * tq, hd)
+        keys = kc[s:e, :, :, :t].reshape(m * b * nkv, t, hd)
+        vals = vc[s:e, :, :, :t].reshape(m * b * nkv, t, hd)
+        scores = torch.bmm(qs, keys.transpose(1, 2))
+        scores.view(m, b, nkv, groups, tq, t).add_(add_mask)  # add_mask [B, 1, 1, tq, t]
+        o = torch.bmm(scores.softmax(-1), vals)  # [m*b*nkv, groups*tq, hd]
+        out.append(o.view(m, b, nkv, groups, tq, hd).permute(0, 1, 4, 2, 3, 5).reshape(m, b * tq, heads * hd))
+    return out[0] if len(out) == 1 else torch.cat(out, 0)
+
+
+def _prefill(pw: PopulationWeights, input_ids: Tensor, rot: Tensor, add_mask: Tensor,
+             kcache: Tensor, vcache: Tensor) -> Tensor:
+    """Run the prompts [B, T] through every member; fill cache slots [0, T); return last hidden [N, B, H]."""
+    arch = pw.arch
+    n, (b, t) = pw.n_members, input_ids.shape
+    nq, nkv, hd = arch.heads, arch.kv_heads, arch.head_dim
+    nqk = nq + nkv
+    offsets = torch.arange(n, device=input_ids.device)[:, None] * arch.vocab
+    x = F.embedding(input_ids.reshape(1, b * t) + offsets, pw.embed)  # [N, B*T, H]
+    for i, layer in enumerate(pw.layers):
+        last = i == arch.layers - 1
+        qkv = _project(_rms(x, arch.eps), layer.wqkv, layer.bqkv).view(n, b, t, -1)
+        qk = torch.view_as_complex(qkv[..., :nqk * hd].unflatten(-1, (nqk, hd // 2, 2)))
+        qk = torch.view_as_real(qk * rot).flatten(-2)  # [N, B, T, nqk, hd]
+        kcache[i, :, :, :, :t] = qk[..., nq:, :].transpose(2, 3)
+        vcache[i, :, :, :, :t] = qkv[..., nqk * hd:].unflatten(-1, (nkv, hd)).transpose(2, 3)
+        if last:
+            # Only the last position's output is needed from the last layer: keys/values of every
+            # position are cached above; attention, output projection and MLP run for one query.
+            q = qk[:, :, -1:, :nq]
+            o = _attention_prefill(q, kcache[i], vcache[i], add_mask[..., -1:, :], t, 1, nq // nkv)
+            x = x.view(n, b, t, -1)[:, :, -1].contiguous()
+        else:
+            o = _attention_prefill(qk[..., :nq, :], kcache[i], vcache[i], add_mask, t, t, nq // nkv)
+        _add_project_(x, o, layer.wo, layer.bo)
+        _mlp_(x, layer, arch.eps, arch.intermediate)
+    return x  # [N, B, H]
+
+
+def _decode(pw: PopulationWeights, x: Tensor, rot: Tensor, slot: int, dmask: Tensor,
+            kcache: Tensor, vcache: Tensor) -> Tensor:
+    """One new token per row: x [N, B, H] at cache slot `slot`; returns hidden [N, B, H]."""
+    arch = pw.arch
+    n, b, _ = x.shape
+    nq, nkv, hd = arch.heads, arch.kv_heads, arch.head_dim
+    nqk, groups = nq + nkv, nq // nkv
+    cur = slot + 1
+    for i, layer in enumerate(pw.layers):
+        qkv = _project(_rms(x, arch.eps), layer.wqkv, layer.bqkv)  # [N, B, C]
+        qk = torch.view_as_complex(qkv[..., :nqk * hd].unflatten(-1, (nqk, hd // 2, 2)))
+        qk = torch.view_as_real(qk * rot).flatten(-2)  # [N, B, nqk, hd]
+        kc, vc = kcache[i], vcache[i]  # [N, B, nkv, S, hd]
+        kc[:, :, :, slot] = qk[:, :, nq:]
+        vc[:, :, :, slot] = qkv[..., nqk * hd:].unflatten(-1, (nkv, hd))
+        q = qk[:, :, :nq].reshape(n * b * nkv, groups, hd)
+        keys = kc[:, :, :, :cur].reshape(n * b * nkv, cur, hd)
+        vals = vc[:, :, :, :cur].reshape(n * b * nkv, cur, hd)
+        # dmask [N*B*nkv, 1, S]: the padding mask broadcast over the query heads of a group.
+        scores = torch.baddbmm(dmask[:, :, :cur], q, keys.transpose(1, 2))
+        o = torch.bmm(scores.softmax(-1), vals).view(n, b, nq * hd)
+        _add_project_(x, o, layer.wo, layer.bo)
+        _mlp_(x, layer, arch.eps, arch.intermediate)
+    return x
+
+
+def _logits(pw: PopulationWeights, x: Tensor) -> Tensor:
+    return torch.bmm(_rms(x, pw.arch.eps), pw.lm_head)  # [N, B, V]
+
+
+def _sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:
+    """Temperature + nucleus sampling; logits [N, B, V] -> tokens [N, B]."""
+    probs = torch.softmax(logits / temperature, dim=-1).flatten(0, 1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # Drop a token once the mass ranked above it reaches top_p (the top token always stays),
+        # the rule of transformers' TopPLogitsWarper.
+        sorted_p.masked_fill_(sorted_p.cumsum(-1).sub_(sorted_p) >= top_p, 0.0)
+        pick = torch.multinomial(sorted_p, 1, generator=generator)
+        tokens = order.gather(-1, pick)
+    else:
+        tokens = torch.multinomial(probs, 1, generator=generator)
+    return tokens.view(logits.shape[:-1])
+
+
+def _eos_list(eos_token_id: int | Sequence[int] | None) -> list[int]:
+    if eos_token_id is None:
+        return []
+    if isinstance(eos_token_id, int):
+        return [eos_token_id]
+    return [int(e) for e in eos_token_id]
+
+
+# --------------------------------------------------------------------------- generation
+
+
+@torch.inference_mode()
+def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | PopulationWeights | None,
+                        input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int,
+                        eos_token_id: int | Sequence[int] | None, pad_token_id: int,
+                        temperature: float = 0.0, top_p: float = 1.0,
+                        generator: torch.Generator | None = None,
+                        member_rows: Tensor | None = None) -> PopulationOutput:
+    """Generate from N members at once; all members see the same B left-padded prompts.
+
+    stacked: ``{name: [N, *param.shape]}`` for the parameters of ``model.named_parameters()``
+    (a missing name uses the model's own tensor for every member), a `PopulationWeights` from
+    `prepare_population`, or None for the model's own weights (N = 1).
+    input_ids, attention_mask: [B, T], left-padded. eos_token_id: one id, several, or None (never
+    stop). Finished sequences emit `pad_token_id`.
+    temperature 0: greedy (argmax of the raw logits, first index on ties, as `generate`); else
+    temperature + top-p sampling drawn from `generator`.
+    member_rows: optional indices of the members to run (see `prepare_population`); ignored when
+    `stacked` is already a `PopulationWeights`.
+    """
+    if isinstance(stacked, PopulationWeights):
+        pw = stacked
+    else:
+        pw = prepare_population(model, stacked, member_rows)
+    arch = pw.arch
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, T], got {tuple(input_ids.shape)}")
+    device = pw.embed.device
+    input_ids = input_ids.to(device)
+    b, t = input_ids.shape
+    n, steps = pw.n_members, int(max_new_tokens)
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device).long()
+    if steps <= 0:
+        empty = torch.zeros(n, b, 0, device=device)
+        return PopulationOutput(empty.long(), torch.zeros(n, b, dtype=torch.long, device=device), empty, empty)
+    _check_window(model, t + steps)
+    nq, nkv, hd = arch.heads, arch.kv_heads, arch.head_dim
+    slots = t + steps - 1  # the last generated token is never fed back
+
+    # Rotary rotations as complex numbers, once per call: prompts at cumsum(mask) - 1, the j-th new
+    # token at (number of real prompt tokens) + j, as transformers' generate numbers them.
+    inv_freq = arch.inv_freq.to(device)
+    real = mask.sum(-1)
+    prompt_pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    new_pos = real[:, None] + torch.arange(steps, device=device)[None, :]
+
+    def rotation(pos: Tensor) -> Tensor:
+        angle = pos.to(torch.float32)[..., None] * inv_freq
+        return torch.complex(angle.cos() * arch.rope_scale, angle.sin() * arch.rope_scale).unsqueeze(-2)
+
+    rot_prompt = rotation(prompt_pos)  # [B, T, 1, hd/2]
+    rot_new = rotation(new_pos).transpose(0, 1).contiguous()  # [steps, B, 1, hd/2]
+
+    # Additive masks: prefill [B, 1, 1, T, T] (causal and padding), decode [N*B*nkv, 1, slots].
+    key_ok = mask.bool()
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    zero = torch.zeros((), device=device)
+    neg = torch.full((), _MASK_VALUE, device=device)
+    prefill_mask = torch.where(causal[None] & key_ok[:, None, :], zero, neg)[:, None, None]
+    slot_ok = torch.cat([key_ok, torch.ones(b, slots - t, dtype=torch.bool, device=device)], dim=1)
+    decode_mask = torch.where(slot_ok, zero, neg)[None, :, None, None, :].expand(n, b, nkv, 1, slots)
+    decode_mask = decode_mask.reshape(n * b * nkv, 1, slots)
+
+    kcache = torch.empty(arch.layers, n, b, nkv, slots, hd, device=device)
+    vcache = torch.empty_like(kcache)
+
+    eos = torch.tensor(_eos_list(eos_token_id), dtype=torch.long, device=device)
+    tokens = torch.full((steps, n, b), pad_token_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros(steps, n, b, device=device)
+    entropies = torch.zeros(steps, n, b, device=device)
+    lengths = torch.zeros(n, b, dtype=torch.long, device=device)
+    finished = torch.zeros(n, b, dtype=torch.bool, device=device)
+    offsets = torch.arange(n, device=device)[:, None] * arch.vocab
+    greedy = temperature <= 0.0
+
+    x = _prefill(pw, input_ids, rot_prompt, prefill_mask, kcache, vcache)
+    for j in range(steps):
+        logits = _logits(pw, x)  # [N, B, V]
+        tok = logits.argmax(-1) if greedy else _sample(logits, temperature, top_p, generator)
+        logp = torch.log_softmax(logits, dim=-1)
+        logprobs[j] = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1)
+        entropies[j] = -(logp.exp() * logp).sum(-1)
+        tok.masked_fill_(finished, pad_token_id)
+        tokens[j] = tok
+        lengths += ~finished
+        if eos.numel():
+            finished |= torch.isin(tok, eos)
+            if j + 1 < steps and bool(finished.all()):
+                break
+        if j + 1 < steps:
+            x = _decode(pw, F.embedding(tok + offsets, pw.embed), rot_new[j], t + j, decode_mask, kcache, vcache)
+
+    valid = torch.arange(steps, device=device)[:, None, None] < lengths[None]
+    return PopulationOutput(tokens=tokens.permute(1, 2, 0).contiguous(), lengths=lengths,
+                            logprobs=(logprobs * valid).permute(1, 2, 0).contiguous(),
+                            entropies=(entropies * valid).permute(1, 2, 0).contiguous())
+
+
+def _lengths_from_tokens(tokens: Tensor, eos: list[int]) -> Tensor:
+    """Generated length counting the first EOS (or L when none) per row of [..., L]."""
+    steps = tokens.shape[-1]
+    if not eos:
+        return torch.full(tokens.shape[:-1], steps, dtype=torch.long, device=tokens.device)
+    hit = torch.isin(tokens, torch.tensor(eos, device=tokens.device))
+    first = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(hit[..., 0], steps, dtype=torch.long))
+    return torch.clamp(first + hit.any(-1).long(), max=steps)
+
+
+@torch.no_grad()
+def sequential_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | None,
+                        input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int,
+                        eos_token_id: int | Sequence[int] | None, pad_token_id: int,
+                        temperature: float = 0.0, top_p: float = 1.0,
+                        generator: torch.Generator | None = None,
+                        member_rows: Tensor | None = None) -> PopulationOutput:
+    """The baseline: load each member's weights into `model` and call ``model.generate`` once per member.
+
+    Same arguments and output as `population_generate` (the structure of public ES code, and the
+    reference the tests hold the batched engine to). The model's own weights are restored from a
+    clean copy afterwards. Sampling uses transformers' sampler seeded from `generator`, so it is
+    reproducible but does not draw the same tokens as `population_generate`.
+    """
+    params = dict(model.named_parameters())
+    stacked = dict(stacked or {})
+    unknown = set(stacked) - set(params)
+    if unknown:
+        raise KeyError(f"not parameters of the model: {sorted(unknown)[:5]}")
+    n_total = int(next(iter(stacked.values())).shape[0]) if stacked else 1
+    rows = list(range(n_total)) if member_rows is None else [int(r) for r in torch.as_tensor(member_rows).reshape(-1)]
+    device = next(model.parameters()).device
+    input_ids = input_ids.to(device)
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
+    b, t = input_ids.shape
+    steps = int(max_new_tokens)
+    eos = _eos_list(eos_token_id)
+    sampled = temperature > 0.0
+    kwargs = dict(max_new_tokens=steps, do_sample=sampled, num_beams=1, eos_token_id=eos,
+                  pad_token_id=pad_token_id, repetition_penalty=1.0, no_repeat_ngram_size=0,
+                  output_logits=True, return_dict_in_generate=True, use_cache=True)
+    if sampled:
+        kwargs.update(temperature=float(temperature), top_p=float(top_p), top_k=0)
+    seed = None
+    if sampled:
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator)) if generator is not None else None
+    backup = {name: params[name].detach().clone() for name in stacked}
+    outs = []
+    try:
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            for r in rows:
+                for name, value in stacked.items():
+                    params[name].copy_(value[r])
+                out = model.generate(input_ids=input_ids, attention_mask=mask, **kwargs)
+                outs.append((out.sequences[:, t:], torch.stack(out.logits, dim=1).float()))
+    finally:
+        for name, value in backup.items():
+            params[name].copy_(value)
+    n = len(rows)
+    tokens = torch.full((n, b, steps), pad_token_id, dtype=torch.long, device=device)
+    logprobs = torch.zeros(n, b, steps, device=device)
+    entropies = torch.zeros(n, b, steps, device=device)
+    for i, (seq, logits) in enumerate(outs):
+        done = seq.shape[1]
+        tokens[i, :, :done] = seq
+        logp = torch.log_softmax(logits, dim=-1)
+        logprobs[i, :, :done] = logp.gather(-1, seq.unsqueeze(-1)).squeeze(-1)
+        entropies[i, :, :done] = -(logp.exp() * logp).sum(-1)
+    lengths = _lengths_from_tokens(tokens, eos)
+    valid = torch.arange(steps, device=device) < lengths[..., None]
+    return PopulationOutput(tokens=tokens, lengths=lengths, logprobs=logprobs * valid, entropies=entropies * valid)

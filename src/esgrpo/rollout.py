@@ -1,0 +1,98 @@
+"""Rollout engines: one small interface, `generate(rows, n, temperature, top_p, max_new_tokens, seed)`.
+
+`HFEngine` runs transformers `generate` (CPU or GPU) with prompts x samples batched
+together; the vLLM engine (GPU) lives in `esgrpo.vllm_engine` and returns the same
+`Rollouts`. Every completion carries its per-token log-probs and entropies under the
+model's raw (untempered) next-token distribution.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from esgrpo.models import prompt_texts
+
+
+@dataclass
+class Rollouts:
+    """Completions of each prompt: `texts[i][j]` is sample j of prompt i."""
+
+    texts: list[list[str]]
+    token_ids: list[list[list[int]]]
+    logprobs: list[list[list[float]]] = field(repr=False)
+    entropies: list[list[list[float]]] = field(repr=False)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(ids) for per_prompt in self.token_ids for ids in per_prompt)
+
+    def mean_entropy(self) -> float:
+        """Token-weighted mean entropy over every generated token."""
+        values = [e for per_prompt in self.entropies for seq in per_prompt for e in seq]
+        return float(sum(values) / len(values)) if values else 0.0
+
+
+class HFEngine:
+    """transformers generation with prompts x samples packed into batches of `batch_size` sequences."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 256):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+
+    @torch.inference_mode()
+    def generate(self, rows: list[dict], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                 max_new_tokens: int = 32, seed: int = 0) -> Rollouts:
+        prompts = prompt_texts(self.tokenizer, rows)
+        expanded = [p for p in prompts for _ in range(n)]
+        eos_ids = _eos_ids(self.model, self.tokenizer)
+        sampled = temperature > 0
+        flat_ids: list[list[int]] = []
+        flat_lp: list[list[float]] = []
+        flat_ent: list[list[float]] = []
+        for start in range(0, len(expanded), self.batch_size):
+            chunk = expanded[start:start + self.batch_size]
+            enc = self.tokenizer(chunk, return_tensors="pt", padding=True, add_special_tokens=False)
+            enc = {k: v.to(self.model.device) for k, v in enc.items()}
+            # One seed per chunk: the same rows, n and seed give the same samples on rerun.
+            torch.manual_seed(seed * 1_000_003 + start)
+            out = self.model.generate(
+                **enc, do_sample=sampled, temperature=temperature if sampled else None,
+                top_p=top_p if sampled else None, top_k=0 if sampled else None,
+                max_new_tokens=max_new_tokens, eos_token_id=eos_ids,
+                pad_token_id=self.tokenizer.pad_token_id, output_logits=True,
+                return_dict_in_generate=True)
+            new = out.sequences[:, enc["input_ids"].shape[1]:]
+            logits = torch.stack(out.logits, dim=1).float()  # [B, L, V], raw (untempered)
+            logp = torch.log_softmax(logits, dim=-1)
+            chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+            entropy = -(logp.exp() * logp).sum(-1)
+            for b in range(new.shape[0]):
+                length = _length_through_eos(new[b].tolist(), eos_ids)
+                flat_ids.append(new[b, :length].tolist())
+                flat_lp.append(chosen[b, :length].tolist())
+                flat_ent.append(entropy[b, :length].tolist())
+        texts = [self.tokenizer.decode(ids, skip_special_tokens=True) for ids in flat_ids]
+        return Rollouts(*(_unflatten(x, n) for x in (texts, flat_ids, flat_lp, flat_ent)))
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = model.generation_config.eos_token_id
+    ids = [ids] if isinstance(ids, int) else list(ids or [])
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def _length_through_eos(ids: list[int], eos_ids: list[int]) -> int:
+    """Generated length counting the first EOS; padding after it is not part of the completion."""
+    for i, token in enumerate(ids):
+        if token in eos_ids:
+            return i + 1
+    return len(ids)
+
+
+def _unflatten(flat: list, n: int) -> list[list]:
+    return [flat[i:i + n] for i in range(0, len(flat), n)]

@@ -1,0 +1,595 @@
+"""Tests of the seeds-only ES trainer (esgrpo.es) on tiny random Llamas and synthetic fitness.
+
+The synthetic evaluators compute fitness from the member weights they are handed (a real
+objective, not a stand-in for ES logic), so the tests see exactly what ES does to theta.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from esgrpo.es import (
+    ESConfig,
+    FitnessResult,
+    _population_js,
+    all_equal,
+    es_update_direction,
+    iter_population,
+    make_population_evaluator,
+    member_seeds,
+    normalize_fitness,
+    perturbed_population,
+    prompt_batch,
+    stable_name_hash,
+    tensor_noise,
+    theta_from_model,
+    train_es,
+    trainable_names,
+)
+from esgrpo.io import read_jsonl
+
+torch.set_num_threads(1)
+TESTS = Path(__file__).resolve().parent
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def tiny_llama(hidden: int = 16, layers: int = 1, vocab: int = 32, seed: int = 0, tie: bool = False):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                         num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=64, tie_word_embeddings=tie,
+                         bos_token_id=None, eos_token_id=1, pad_token_id=0)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config).eval()
+
+
+def members_of(population):
+    """[(name -> member tensor)] for a stacked dict or a sequential iterator alike."""
+    if isinstance(population, dict):
+        n = next(iter(population.values())).shape[0]
+        return [{k: v[i] for k, v in population.items()} for i in range(n)]
+    return list(population)
+
+
+def quadratic_evaluator(target: dict[str, torch.Tensor], seen: list | None = None):
+    """fitness_n = -||theta_n - target||^2 over the tensors handed in.
+
+    Summed with math.fsum (exactly rounded): torch's SIMD sums can differ in the last bit
+    between processes (memory alignment), and the kill test compares runs bit for bit.
+    """
+
+    def evaluate(population, prompt_rows, cfg, generator=None):
+        fitness = np.array([-math.fsum(x for k in m for x in (m[k].double() - target[k].double()).pow(2).ravel().tolist())
+                            for m in members_of(population)])
+        if seen is not None:
+            seen.append(fitness.copy())
+        return FitnessResult(fitness=fitness, generated_tokens=3 * len(fitness) * len(prompt_rows))
+
+    return evaluate
+
+
+def random_evaluator(population, prompt_rows, cfg, generator=None):
+    """Fitness that carries no signal: seeded random values drawn from the iteration's generator."""
+    n = len(members_of(population))
+    return FitnessResult(fitness=torch.rand(n, generator=generator, dtype=torch.float64).numpy())
+
+
+ROWS = [{"id": str(i), "prompt": f"q{i}", "answer": str(i % 3)} for i in range(10)]
+
+
+def saved_weights(out_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out_dir / "model" / "model.safetensors"))
+
+
+# --------------------------------------------------------------------------- seeds and noise
+
+
+def test_noise_is_per_tensor_reproducible_and_per_member():
+    a = tensor_noise(7, "model.layers.0.self_attn.q_proj.weight", (16, 16))
+    b = tensor_noise(7, "model.layers.0.self_attn.k_proj.weight", (16, 16))
+    assert a.dtype == torch.float32 and a.shape == (16, 16)
+    assert not torch.equal(a, b)  # same shape, same member: still independent noise
+    assert abs(float(torch.corrcoef(torch.stack([a.ravel(), b.ravel()]))[0, 1])) < 0.25
+    assert torch.equal(a, tensor_noise(7, "model.layers.0.self_attn.q_proj.weight", (16, 16)))
+    assert not torch.equal(a, tensor_noise(8, "model.layers.0.self_attn.q_proj.weight", (16, 16)))
+    big = tensor_noise(1, "x", (100_000,))
+    assert abs(float(big.mean())) < 0.02 and abs(float(big.std()) - 1) < 0.02
+
+
+def test_name_hash_is_not_pythons_salted_hash():
+    expected = int.from_bytes(hashlib.blake2b(b"lm_head.weight", digest_size=8).digest(), "little")
+    assert stable_name_hash("lm_head.weight") == expected  # a pure function of the name's bytes
+
+
+def test_member_seeds_deterministic_per_iteration_and_antithetic_pairs():
+    plain = member_seeds(3, 5, 8, antithetic=False)
+    assert plain == member_seeds(3, 5, 8, antithetic=False)
+    assert plain != member_seeds(3, 6, 8, antithetic=False)
+    assert plain != member_seeds(4, 5, 8, antithetic=False)
+    assert len({s for s, _ in plain}) == 8 and all(sign == 1.0 for _, sign in plain)
+    assert all(0 <= s < 2**63 for s, _ in plain)
+    pairs = member_seeds(3, 5, 8, antithetic=True)
+    assert len(pairs) == 8 and len({s for s, _ in pairs}) == 4
+    for i in range(0, 8, 2):
+        assert pairs[i][0] == pairs[i + 1][0] and (pairs[i][1], pairs[i + 1][1]) == (1.0, -1.0)
+    with pytest.raises(ValueError):
+        member_seeds(0, 0, 7, antithetic=True)
+
+
+# --------------------------------------------------------------------------- fitness shaping
+
+
+def test_normalisations():
+    f = np.array([0.2, 0.5, 0.5, 0.9, 0.1])
+    z = normalize_fitness(f, "zscore")
+    assert abs(z.mean()) < 1e-12 and abs((z**2).sum() - 5) < 1e-6
+    np.testing.assert_allclose(z, (f - f.mean()) / (f.std() + 1e-8))
+    # ranks 1, 2.5, 2.5, 4, 0 (ties averaged) -> /4 - 0.5
+    np.testing.assert_allclose(normalize_fitness(f, "rank"), [-0.25, 0.125, 0.125, 0.5, -0.5])
+    np.testing.assert_allclose(normalize_fitness([3.0, 1.0], "rank"), [0.5, -0.5])
+    np.testing.assert_array_equal(normalize_fitness(f, "none"), f)
+    assert all_equal([0.3, 0.3, 0.3]) and not all_equal([0.3, 0.3, 0.30001])
+    with pytest.raises(ValueError, match="normalization"):
+        normalize_fitness(f, "minmax")
+    with pytest.raises(ValueError):
+        normalize_fitness([0.1, float("nan")])
+
+
+def test_js_diversity_helper():
+    # every member agrees -> 0; half right on each prompt -> ln 2; mixed prompts average
+    assert _population_js(np.array([[1, 0], [1, 0], [1, 0]])) == 0.0
+    assert _population_js(np.array([[1, 1], [0, 0]])) == pytest.approx(math.log(2))
+    success = np.array([[1, 1, 0], [0, 1, 0], [0, 1, 1], [0, 1, 0]], dtype=bool)
+    h = lambda p: -(p * math.log(p) + (1 - p) * math.log(1 - p))  # noqa: E731
+    assert _population_js(success) == pytest.approx((h(0.25) + 0 + h(0.25)) / 3)
+    try:
+        from esgrpo.metrics import population_js_diversity
+    except ImportError:
+        return
+    assert _population_js(success) == pytest.approx(population_js_diversity(success))
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("changes, field", [
+    ({"population_size": 1}, "population_size"),
+    ({"population_size": 7, "antithetic": True}, "population_size"),
+    ({"sigma": 0.0}, "sigma"),
+    ({"sigma": True}, "sigma"),
+    ({"population_size": 8.0}, "population_size"),
+    ({"sigma": -1e-3}, "sigma"),
+    ({"alpha": 0}, "alpha"),
+    ({"iterations": -1}, "iterations"),
+    ({"normalization": "minmax"}, "normalization"),
+    ({"fitness_top_p": 0.0}, "fitness_top_p"),
+    ({"fitness_temperature": -0.5}, "fitness_temperature"),
+    ({"reward_scheme": "dense"}, "reward_scheme"),
+    ({"trainable": []}, "trainable"),
+    ({"seed": -3}, "seed"),
+    ({"prompts_per_iteration": 0}, "prompts_per_iteration"),
+])
+def test_bad_settings_name_the_field(changes, field):
+    with pytest.raises(ValueError, match=field):
+        ESConfig(**changes)
+    with pytest.raises(ValueError, match=field):
+        ESConfig.from_dict(changes)
+
+
+def test_unknown_normalization_lists_allowed_values_and_unknown_keys_are_named():
+    with pytest.raises(ValueError, match="zscore.*rank.*none"):
+        ESConfig(normalization="centered")
+    with pytest.raises(ValueError, match="populaton_size"):
+        ESConfig.from_dict({"populaton_size": 8, "sigma": 0.01})
+    cfg = ESConfig.from_dict({"population_size": 8, "antithetic": True, "trainable": "*norm*"})
+    assert cfg.trainable == ["*norm*"] and ESConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_prompt_batches_fixed_or_resampled_from_seed_and_iteration():
+    fixed = ESConfig(prompts_per_iteration=4, resample_prompts=False)
+    assert prompt_batch(ROWS, fixed, 0) == ROWS[:4] == prompt_batch(ROWS, fixed, 9)
+    assert prompt_batch(ROWS, ESConfig(prompts_per_iteration=None, resample_prompts=False), 3) == ROWS
+    drawn = ESConfig(prompts_per_iteration=4, resample_prompts=True, seed=1)
+    a, b = prompt_batch(ROWS, drawn, 0), prompt_batch(ROWS, drawn, 1)
+    assert a == prompt_batch(ROWS, drawn, 0) and a != b
+    assert len({r["id"] for r in a}) == 4
+    assert len(prompt_batch(ROWS, ESConfig(prompts_per_iteration=50), 0)) == len(ROWS)
+
+
+# --------------------------------------------------------------------------- population and update
+
+
+def test_population_members_and_exact_restore():
+    model = tiny_llama()
+    names = trainable_names(model, ["*"])
+    theta = theta_from_model(model, names)
+    before = {k: v.clone() for k, v in theta.items()}
+    model_before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    seeds = member_seeds(0, 0, 4, antithetic=True)
+    stacked = perturbed_population(theta, seeds, 0.1)
+    sequential = list(iter_population(theta, seeds, 0.1))
+    for name in names:
+        assert stacked[name].shape == (4, *theta[name].shape) and stacked[name].dtype == torch.float32
+        for n, (seed, sign) in enumerate(seeds):
+            expected = theta[name] + sign * 0.1 * tensor_noise(seed, name, theta[name].shape)
+            torch.testing.assert_close(stacked[name][n], expected, rtol=0, atol=1e-6)
+            assert torch.equal(stacked[name][n], sequential[n][name])
+        # antithetic partners mirror each other around theta
+        torch.testing.assert_close(stacked[name][0] - theta[name], theta[name] - stacked[name][1])
+    for name in names:  # theta and the model are untouched, bit for bit
+        assert torch.equal(theta[name], before[name])
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, model_before[k])
+    half = perturbed_population(theta, seeds, 0.1, {n: torch.bfloat16 for n in names})
+    assert all(v.dtype == torch.bfloat16 for v in half.values())
+
+
+def test_sequential_evaluator_that_loads_members_leaves_model_restored(tmp_path):
+    model = tiny_llama()
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    params = dict(model.named_parameters())
+
+    def load_members_then_tie(population, rows, cfg, generator=None):
+        count = 0
+        for member in population:  # a sequential evaluator writes each member into the model
+            with torch.no_grad():
+                for k, v in member.items():
+                    params[k].copy_(v)
+            count += 1
+        return FitnessResult(fitness=np.ones(count))  # all equal: no update may happen
+
+    cfg = ESConfig(population_size=4, sigma=0.05, iterations=2, checkpoint_every=0)
+    summary = train_es(model, None, ROWS, cfg, load_members_then_tie, tmp_path / "out", tmp_path / "prog",
+                       log=lambda s: None, population="sequential")
+    assert summary["updates"] == 0 and summary["skipped"] == 2
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, init[k]), k
+    saved = saved_weights(tmp_path / "out")
+    for k, v in saved.items():
+        assert torch.equal(v, init[k]), k
+
+
+@pytest.mark.parametrize("antithetic, normalization", [(False, "zscore"), (True, "zscore"), (False, "rank")])
+def test_update_matches_closed_form(tmp_path, antithetic, normalization):
+    model = tiny_llama(layers=2)
+    names = trainable_names(model, ["*"])
+    theta0 = {k: v.double() for k, v in theta_from_model(model, names).items()}
+    target = {k: v.float() + 0.05 for k, v in theta0.items()}
+    seen: list[np.ndarray] = []
+    cfg = ESConfig(population_size=6, sigma=0.02, alpha=0.01, iterations=1, antithetic=antithetic,
+                   normalization=normalization, seed=11)
+    summary = train_es(model, None, ROWS, cfg, quadratic_evaluator(target, seen), tmp_path / "o", tmp_path / "p",
+                       log=lambda s: None)
+    # independently: w from the recorded fitness, then theta0 + alpha/N sum_n w_n sign_n eps_n in float64
+    f = seen[0]
+    if normalization == "zscore":
+        w = (f - f.mean()) / (np.sqrt(((f - f.mean()) ** 2).mean()) + 1e-8)
+    else:
+        w = (np.argsort(np.argsort(f)) / (len(f) - 1)) - 0.5  # no ties in continuous fitness
+    step_sq = 0.0
+    final = saved_weights(tmp_path / "o")
+    for name in names:
+        acc = torch.zeros_like(theta0[name])
+        for (seed, sign), wn in zip(member_seeds(11, 0, 6, antithetic), w, strict=True):
+            acc += float(wn) * sign * tensor_noise(seed, name, theta0[name].shape).double()
+        step = cfg.alpha / cfg.population_size * acc
+        step_sq += float(step.pow(2).sum())
+        torch.testing.assert_close(final[name].double(), theta0[name] + step, rtol=0, atol=2e-7)
+    row = read_jsonl(tmp_path / "o" / "metrics.jsonl")[0]
+    assert row["update_norm"] == pytest.approx(math.sqrt(step_sq), rel=1e-5)
+    assert row["distance_from_init"] == pytest.approx(math.sqrt(step_sq), rel=1e-4)
+    assert summary["updates"] == 1 and not row["skipped"]
+
+
+def test_update_direction_sums_pairs_like_members():
+    shapes = {"a": (3, 4), "b": (5,)}
+    seeds = member_seeds(2, 0, 4, antithetic=True)
+    w = np.array([0.5, -1.0, 2.0, 0.25])
+    got = es_update_direction(shapes, seeds, w)
+    for name, shape in shapes.items():
+        want = sum(wn * sign * tensor_noise(seed, name, shape) for (seed, sign), wn in zip(seeds, w, strict=True))
+        torch.testing.assert_close(got[name], want)
+        assert got[name].dtype == torch.float32
+
+
+def test_all_equal_fitness_skips_and_logs(tmp_path):
+    model = tiny_llama()
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    messages: list[str] = []
+    cfg = ESConfig(population_size=4, sigma=0.05, iterations=3, checkpoint_every=1)
+    summary = train_es(model, None, ROWS, cfg,
+                       lambda pop, rows, cfg, generator=None: FitnessResult(fitness=np.full(4, 0.25)),
+                       tmp_path / "o", tmp_path / "p", log=messages.append)
+    rows = read_jsonl(tmp_path / "o" / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == [1, 2, 3]
+    assert all(r["skipped"] and r["update_norm"] == 0 and r["distance_from_init"] == 0 for r in rows)
+    assert summary["skipped"] == 3 and summary["updates"] == 0
+    assert sum("SKIPPED" in m for m in messages) == 3
+    for k, v in saved_weights(tmp_path / "o").items():
+        assert torch.equal(v, init[k])
+
+
+def test_zero_iterations_saves_the_starting_model(tmp_path):
+    model = tiny_llama()
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    summary = train_es(model, None, ROWS, ESConfig(iterations=0, population_size=4), random_evaluator,
+                       tmp_path / "o", tmp_path / "p", log=lambda s: None)
+    assert summary["updates"] == 0 and read_jsonl(tmp_path / "o" / "metrics.jsonl") == []
+    assert all(torch.equal(v, init[k]) for k, v in saved_weights(tmp_path / "o").items())
+
+
+def test_bf16_model_keeps_small_updates_in_fp32_master(tmp_path):
+    model = tiny_llama(hidden=32).to(torch.bfloat16)
+    names = trainable_names(model, ["*"])
+    theta0 = theta_from_model(model, names)
+    cfg = ESConfig(population_size=4, sigma=1e-2, alpha=1e-5, iterations=3, checkpoint_every=1)
+    summary = train_es(model, None, ROWS, cfg, random_evaluator, tmp_path / "o", tmp_path / "p",
+                       log=lambda s: None)
+    # steps of ~1e-5 per coordinate are far below bf16 resolution, yet the master moved as theory says
+    d = sum(v.numel() for v in theta0.values())
+    assert summary["distance_from_init"] == pytest.approx(1e-5 * math.sqrt(3 * d / 4), rel=0.05)
+    theta = load_file(str(tmp_path / "p" / "step-00000003" / "theta.safetensors"))
+    assert all(v.dtype == torch.float32 for v in theta.values())
+    saved = saved_weights(tmp_path / "o")
+    for name in names:
+        assert saved[name].dtype == torch.bfloat16 and torch.equal(saved[name], theta[name].to(torch.bfloat16))
+
+
+# --------------------------------------------------------------------------- checkpoints and resume
+
+
+def _kill_resume_job(out_dir: str, progress_dir: str, iterations: int, sleep_s: float) -> dict:
+    """The run the kill test repeats: the same model, data and evaluator in every process."""
+    torch.set_num_threads(1)
+    model = tiny_llama(layers=2, seed=3)
+    target = {k: v.detach().float() + 0.1 for k, v in model.named_parameters()}
+    quadratic = quadratic_evaluator(target)
+
+    def slow(population, rows, cfg, generator=None):
+        time.sleep(sleep_s)  # leaves the killer time to strike between checkpoints
+        result = quadratic(population, rows, cfg)
+        noise = torch.rand(len(result.fitness), generator=generator, dtype=torch.float64).numpy()
+        return FitnessResult(fitness=result.fitness + noise, generated_tokens=result.generated_tokens)
+
+    cfg = ESConfig(population_size=6, sigma=0.02, alpha=0.01, iterations=iterations, checkpoint_every=2,
+                   prompts_per_iteration=3, resample_prompts=True, seed=5)
+    return train_es(model, None, ROWS, cfg, slow, out_dir, progress_dir, log=lambda s: None)
+
+
+def test_sigkill_then_resume_gives_identical_weights(tmp_path):
+    # the uninterrupted reference, in this process
+    _kill_resume_job(str(tmp_path / "ref"), str(tmp_path / "ref_prog"), 6, 0.0)
+    out, prog = tmp_path / "run", tmp_path / "run_prog"
+    code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); from test_es import _kill_resume_job; "
+            f"_kill_resume_job({str(out)!r}, {str(prog)!r}, 6, 0.4)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent / "src")}
+    child = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and child.poll() is None:
+        if any(int(p.name.split("-")[1]) >= 2 for p in prog.glob("step-*")):
+            os.kill(child.pid, signal.SIGKILL)
+            break
+        time.sleep(0.01)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
+    assert not (out / "summary.json").exists()  # it really died before the end
+    summary = _kill_resume_job(str(out), str(prog), 6, 0.0)
+    assert summary["resumed_from"] in (2, 4)
+    ref, got = saved_weights(tmp_path / "ref"), saved_weights(out)
+    assert ref.keys() == got.keys()
+    for k in ref:
+        assert torch.equal(ref[k], got[k]), k
+    rows, ref_rows = read_jsonl(out / "metrics.jsonl"), read_jsonl(tmp_path / "ref" / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    for a, b in zip(rows, ref_rows, strict=True):
+        assert a.keys() == b.keys()
+        for k in a:
+            if isinstance(a[k], float) and k != "seconds":  # norms are torch sums: last-bit noise
+                assert a[k] == pytest.approx(b[k], rel=1e-12, nan_ok=True), k
+            elif k != "seconds":
+                assert a[k] == b[k], k
+
+
+def test_checkpoint_schedule_and_extending_a_finished_run(tmp_path):
+    target = {k: v.detach().float() + 0.1 for k, v in tiny_llama(seed=1).named_parameters()}
+    evaluate = quadratic_evaluator(target)
+    base = {"population_size": 4, "sigma": 0.02, "alpha": 0.01, "checkpoint_every": 2, "seed": 2}
+    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, **base), evaluate,
+             tmp_path / "five", tmp_path / "five_p", log=lambda s: None)
+    assert [p.name for p in (tmp_path / "five_p").glob("step-*")] == ["step-00000005"]  # only the newest
+    assert (tmp_path / "five_p" / "theta0.safetensors").exists()
+    assert not list((tmp_path / "five_p").glob(".tmp-*"))
+    # a run of 3 iterations extended to 5 (same progress folder) equals a run of 5
+    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=3, **base), evaluate,
+             tmp_path / "ext", tmp_path / "ext_p", log=lambda s: None)
+    messages: list[str] = []
+    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, **base), evaluate,
+                       tmp_path / "ext", tmp_path / "ext_p", log=messages.append)
+    assert summary["resumed_from"] == 3 and any("resuming" in m for m in messages)
+    five, ext = saved_weights(tmp_path / "five"), saved_weights(tmp_path / "ext")
+    assert all(torch.equal(five[k], ext[k]) for k in five)
+    assert [r["iteration"] for r in read_jsonl(tmp_path / "ext" / "metrics.jsonl")] == [1, 2, 3, 4, 5]
+    # other settings with the same progress folder: not resumed, started afresh
+    messages.clear()
+    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=2, **{**base, "sigma": 0.03}), evaluate,
+                       tmp_path / "ext", tmp_path / "ext_p", log=messages.append)
+    assert summary["resumed_from"] is None and any("afresh" in m for m in messages)
+    assert [r["iteration"] for r in read_jsonl(tmp_path / "ext" / "metrics.jsonl")] == [1, 2]
+
+
+# --------------------------------------------------------------------------- ES behaves as theory says
+
+
+def test_update_norm_follows_alpha_sqrt_t_d_over_n(tmp_path):
+    model = tiny_llama(hidden=32, layers=2)
+    d = sum(p.numel() for p in model.parameters())
+    assert d > 20_000
+    cfg = ESConfig(population_size=8, sigma=1e-3, alpha=1e-3, iterations=20, checkpoint_every=0, seed=4)
+    summary = train_es(model, None, ROWS, cfg, random_evaluator, tmp_path / "o", tmp_path / "p",
+                       log=lambda s: None)
+    rows = read_jsonl(tmp_path / "o" / "metrics.jsonl")
+    assert summary["updates"] == 20
+    for r in rows:  # each step ~ alpha sqrt(d/N); the walk ~ alpha sqrt(t d/N)
+        assert r["update_norm"] == pytest.approx(1e-3 * math.sqrt(d / 8), rel=0.05)
+        assert r["distance_from_init"] == pytest.approx(1e-3 * math.sqrt(r["iteration"] * d / 8), rel=0.05)
+    assert rows[-1]["distance_from_init"] == pytest.approx(summary["theory_distance"], rel=0.03)
+
+
+def test_es_improves_a_quadratic_objective_on_chosen_tensors_only(tmp_path):
+    model = tiny_llama()
+    init = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    names = trainable_names(model, ["*norm*"])
+    assert len(names) == 3
+    gen = torch.Generator().manual_seed(0)
+    target = {n: init[n] + 0.25 * torch.randn(init[n].shape, generator=gen) / math.sqrt(48) * 4 for n in names}
+    distance = lambda w: math.sqrt(sum(float((w[n] - target[n]).pow(2).sum()) for n in names))  # noqa: E731
+    start = distance(init)
+    cfg = ESConfig(population_size=16, sigma=0.02, alpha=0.02, iterations=40, trainable=["*norm*"],
+                   checkpoint_every=0, seed=1)
+    train_es(model, None, ROWS, cfg, quadratic_evaluator(target), tmp_path / "o", tmp_path / "p",
+             log=lambda s: None)
+    final = saved_weights(tmp_path / "o")
+    assert distance(final) < 0.5 * start
+    rows = read_jsonl(tmp_path / "o" / "metrics.jsonl")
+    assert np.mean([r["fitness_mean"] for r in rows[-5:]]) > np.mean([r["fitness_mean"] for r in rows[:5]])
+    for k, v in init.items():  # tensors outside `trainable` are untouched
+        if k not in names:
+            assert torch.equal(final[k], v), k
+
+
+# --------------------------------------------------------------------------- the default evaluator
+
+
+def reference_generate(model, stacked, input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id,
+                       temperature, top_p, generator):
+    """Greedy decoding of each member through the model itself (no cache): a slow but plain reference."""
+    from torch.func import functional_call
+
+    n_members, batch = next(iter(stacked.values())).shape[0], input_ids.shape[0]
+    tokens = torch.full((n_members, batch, max_new_tokens), pad_token_id, dtype=torch.long)
+    lengths = torch.zeros(n_members, batch, dtype=torch.long)
+    entropies = torch.zeros(n_members, batch, max_new_tokens)
+    for n in range(n_members):
+        weights = {k: v[n] for k, v in stacked.items()}
+        ids, mask = input_ids.clone(), attention_mask.clone()
+        done = torch.zeros(batch, dtype=torch.bool)
+        for step in range(max_new_tokens):
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = functional_call(model, weights, (), {"input_ids": ids, "attention_mask": mask,
+                                                          "position_ids": positions}).logits[:, -1].float()
+            logp = torch.log_softmax(logits, -1)
+            nxt = torch.where(done, torch.full_like(logits[:, 0], pad_token_id, dtype=torch.long), logits.argmax(-1))
+            tokens[n, :, step] = nxt
+            entropies[n, :, step] = torch.where(done, 0.0, -(logp.exp() * logp).sum(-1))
+            lengths[n] += (~done).long()
+            done |= torch.isin(nxt, torch.tensor(eos_token_id).reshape(-1))
+            ids, mask = torch.cat([ids, nxt[:, None]], 1), torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+    return SimpleNamespace(tokens=tokens, lengths=lengths, entropies=entropies)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from esgrpo.models import train_tokenizer
+
+    return train_tokenizer(["12+3=15", "what is 4*5? 20", "7-2=5 done"], vocab_size=280)
+
+
+def test_default_evaluator_grades_each_member_like_hf_generate(tokenizer, tmp_path):
+    model = tiny_llama(vocab=len(tokenizer), layers=1)
+    rows = [{"id": str(i), "prompt": [{"role": "user", "content": q}], "answer": "x"}
+            for i, q in enumerate(["1+2", "what is 33?", "7*8 ="])]
+
+    def verifier(text: str, row) -> float:  # a deterministic grade with 0, 0.5 and 1 in it
+        return (len(text) % 3) / 2
+
+    evaluate = make_population_evaluator(model, tokenizer, verifier, reference_generate)
+    cfg = ESConfig(population_size=4, sigma=0.5, max_new_tokens=6)  # large sigma: members differ
+    theta = theta_from_model(model, trainable_names(model, ["*"]))
+    seeds = member_seeds(0, 0, 4, antithetic=False)
+    stacked = evaluate(perturbed_population(theta, seeds, cfg.sigma), rows, cfg)
+    sequential = evaluate(iter_population(theta, seeds, cfg.sigma), rows, cfg)
+    np.testing.assert_array_equal(stacked.fitness, sequential.fitness)
+    assert stacked.generated_tokens == sequential.generated_tokens
+    # independently: each member loaded into the model and decoded by transformers' generate
+    enc_texts = [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
+                 for r in rows]
+    tokenizer.padding_side = "left"
+    enc = tokenizer(enc_texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    rewards = np.zeros((4, 3))
+    tokens = 0
+    with torch.no_grad():
+        for n, member in enumerate(iter_population(theta, seeds, cfg.sigma)):
+            params = dict(model.named_parameters())
+            for k, v in member.items():
+                params[k].copy_(v)
+            out = model.generate(**enc, do_sample=False, max_new_tokens=6, eos_token_id=tokenizer.eos_token_id,
+                                 pad_token_id=tokenizer.pad_token_id)
+            for b in range(3):
+                new = out[b, enc["input_ids"].shape[1]:].tolist()
+                length = next((i + 1 for i, t in enumerate(new) if t == tokenizer.eos_token_id), len(new))
+                tokens += length
+                rewards[n, b] = verifier(tokenizer.decode(new[:length], skip_special_tokens=True), rows[b])
+    np.testing.assert_allclose(stacked.fitness, rewards.mean(axis=1))
+    np.testing.assert_array_equal(stacked.success, rewards >= 1)
+    assert stacked.generated_tokens == tokens and stacked.rollouts == 12
+    assert math.isfinite(stacked.entropy) and stacked.entropy > 0
+
+
+def test_train_es_end_to_end_with_default_evaluator_saves_hf_model(tokenizer, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = tiny_llama(vocab=len(tokenizer), layers=1)
+    rows = [{"id": str(i), "prompt": [{"role": "user", "content": f"{i}+{i}"}], "answer": str(2 * i)}
+            for i in range(4)]
+    evaluate = make_population_evaluator(model, tokenizer, lambda text, row: float(len(text) % 2),
+                                         reference_generate, prompt_chunk=2)
+    cfg = ESConfig(population_size=4, sigma=0.3, alpha=0.05, iterations=2, prompts_per_iteration=2,
+                   max_new_tokens=4, checkpoint_every=1)
+    summary = train_es(model, tokenizer, rows, cfg, evaluate, tmp_path / "o", tmp_path / "p", log=lambda s: None)
+    rows_logged = read_jsonl(tmp_path / "o" / "metrics.jsonl")
+    assert len(rows_logged) == 2 and rows_logged[-1]["rollouts"] == 2 * 4 * 2
+    assert all(0 <= r["js_diversity"] <= math.log(2) for r in rows_logged)
+    assert summary["generated_tokens"] == rows_logged[-1]["generated_tokens"] > 0
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "o" / "model")
+    AutoTokenizer.from_pretrained(tmp_path / "o" / "model")
+    for k, v in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[k], v), k
+
+
+def test_default_evaluator_with_the_population_engine_if_present(tokenizer):
+    population = pytest.importorskip("esgrpo.population")
+    model = tiny_llama(vocab=len(tokenizer), layers=1)
+    rows = [{"id": "0", "prompt": [{"role": "user", "content": "1+2"}], "answer": "3"},
+            {"id": "1", "prompt": [{"role": "user", "content": "what is 33?"}], "answer": "33"}]
+    theta = theta_from_model(model, trainable_names(model, ["*"]))
+    seeds = member_seeds(0, 0, 4, antithetic=False)
+    cfg = ESConfig(population_size=4, sigma=0.5, max_new_tokens=5)
+    verifier = lambda text, row: float(len(text) % 3) / 2  # noqa: E731
+    engine = make_population_evaluator(model, tokenizer, verifier, population.population_generate)
+    reference = make_population_evaluator(model, tokenizer, verifier, reference_generate)
+    got = engine(perturbed_population(theta, seeds, cfg.sigma), rows, cfg, generator=torch.Generator())
+    want = reference(perturbed_population(theta, seeds, cfg.sigma), rows, cfg)
+    np.testing.assert_allclose(got.fitness, want.fitness)
+    assert got.generated_tokens == want.generated_tokens
+    # sampled fitness repeats exactly from the same generator seed (what resume relies on)
+    sampled = ESConfig(population_size=4, sigma=0.5, max_new_tokens=5, fitness_temperature=1.0, fitness_top_p=0.95)
+    runs = [engine(perturbed_population(theta, seeds, cfg.sigma), rows, sampled,
+                   generator=torch.Generator().manual_seed(9)) for _ in range(2)]
+    np.testing.assert_array_equal(runs[0].fitness, runs[1].fitness)
+    assert runs[0].generated_tokens == runs[1].generated_tokens

