@@ -5,7 +5,11 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 
 
-configfile: "config.yaml"
+# `--configfile X` REPLACES the embedded default instead of being merged into it (Snakemake
+# merges nested keys, which would silently mix two grids).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config.yaml"
 
 
 validate(config, schema="schemas/config.schema.yaml")
@@ -14,6 +18,7 @@ validate(config, schema="schemas/config.schema.yaml")
 include: "rules/common.smk"
 include: "rules/data.smk"
 include: "rules/models.smk"
+include: "rules/train.smk"
 include: "rules/eval.smk"
 include: "rules/tables.smk"
 

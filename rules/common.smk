@@ -2,6 +2,7 @@
 import json
 
 from esgrpo.config import check_config
+from esgrpo.runs import RUN_PATTERN, planned_runs, run_spec
 
 check_config(config)
 
@@ -18,6 +19,7 @@ wildcard_constraints:
     model=_alternatives(MODELS),
     task=_alternatives(TASKS),
     evaltask=_alternatives(TASKS),
+    run=RUN_PATTERN,
 
 
 def model_tasks(model):
@@ -49,5 +51,14 @@ def table_targets(name):
     return [f"{RESULTS}/tables/{name}.{ext}" for ext in ("csv", "md", "tex")]
 
 
+def run_dir(model, task, run):
+    return f"{RESULTS}/{model}/{task}/{run}"
+
+
+def run_eval_targets(model=None):
+    models = [model] if model else MODELS
+    return [f"{run_dir(m, t, r)}/eval.json" for m in models for t, r in planned_runs(config, m)]
+
+
 def all_targets():
-    return [*table_targets("base_passk"), f"{RESULTS}/figures/base_passk.png"]
+    return [*table_targets("base_passk"), f"{RESULTS}/figures/base_passk.png", *run_eval_targets()]

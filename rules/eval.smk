@@ -32,3 +32,28 @@ rule eval_base:
         runtime=60,
     script:
         "../workflow_scripts/evaluate.py"
+
+
+rule eval_run:
+    input:
+        unpack(eval_inputs),
+        model=f"{RESULTS}/{{model}}/{{task}}/{{run}}/model",
+    output:
+        summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/eval.json",
+        prompts=f"{RESULTS}/{{model}}/{{task}}/{{run}}/eval_prompts.jsonl",
+    params:
+        model=lambda wc: f"{RESULTS}/{wc.model}/{wc.task}/{wc.run}/model",
+        eval=lambda wc: eval_params(wc.model),
+        eval_tasks=lambda wc: model_tasks(wc.model),
+        run=lambda wc: wc.run,
+        train_task=lambda wc: wc.task,
+    log:
+        f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/eval.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/eval.tsv"
+    threads: 1
+    resources:
+        mem_mb=2000,
+        runtime=60,
+    script:
+        "../workflow_scripts/evaluate.py"

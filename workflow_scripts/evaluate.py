@@ -1,5 +1,5 @@
 # Thin entry point: all logic lives in esgrpo.pipeline.evaluation.evaluate_checkpoint.
-from esgrpo.workflow import run_stage
 from esgrpo.pipeline.evaluation import evaluate_checkpoint
+from esgrpo.workflow import run_stage
 
 run_stage(snakemake, evaluate_checkpoint)  # noqa: F821

@@ -33,8 +33,37 @@ def check_config(config: dict) -> None:
         clash = reserved & set(config[block])
         if clash:
             raise ConfigError(f"{block}: names {sorted(clash)} are reserved for output folders")
+    if "es" in config:
+        from esgrpo.es import ESConfig
+
+        _check_settings("es.settings", ESConfig, config["es"]["settings"],
+                        population_size=config["es"]["population_sizes"][0])
+        ablation_task = (config["es"].get("ablations") or {}).get("task")
+        if ablation_task is not None and ablation_task not in tasks:
+            raise ConfigError(f"es.ablations.task: {ablation_task!r} is not in the tasks block; "
+                              f"allowed: {sorted(tasks)}")
+    if "grpo" in config:
+        from esgrpo.grpo import GRPOSettings
+
+        _check_settings("grpo.settings", GRPOSettings, config["grpo"]["settings"],
+                        num_generations=config["grpo"]["group_sizes"][0])
+    seq = config.get("sequential") or {}
+    for key in ("task",):
+        if key in seq and seq[key] not in tasks:
+            raise ConfigError(f"sequential.{key}: {seq[key]!r} is not in the tasks block; allowed: {sorted(tasks)}")
+    bad_order = [t for t in seq.get("continual", []) if t not in tasks]
+    if bad_order:
+        raise ConfigError(f"sequential.continual: {bad_order} are not in the tasks block; allowed: {sorted(tasks)}")
     ev = config.get("eval", {})
     n = ev.get("n_samples", 32)
     bad = [k for k in ev.get("ks", []) if k > n]
     if bad:
         raise ConfigError(f"eval.ks: {bad} exceed eval.n_samples={n}; every k must be <= n_samples")
+
+
+def _check_settings(key: str, settings_class, settings: dict, **grid_values) -> None:
+    """Build the trainer's settings once so a typo stops the workflow before any job runs."""
+    try:
+        settings_class.from_dict({**settings, **grid_values})
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{key}: {err}") from None

@@ -1,0 +1,49 @@
+# Training: one job per (model, task, run); the run name says the method, settings and start.
+# Progress (checkpoints to resume from) lives under results/progress/, which is NOT a declared
+# output: Snakemake deletes a failed job's outputs, and a killed run must keep its progress.
+
+
+def run_spec_of(wildcards):
+    return run_spec(config, wildcards.task, wildcards.run)
+
+
+def init_model_ref(wildcards):
+    spec = run_spec_of(wildcards)
+    if spec.init is None:
+        return base_model_ref(wildcards)
+    task, run = spec.init
+    return f"{RESULTS}/{wildcards.model}/{task}/{run}/model"
+
+
+def init_model_files(wildcards):
+    spec = run_spec_of(wildcards)
+    if spec.init is None:
+        return base_model_files(wildcards)
+    return init_model_ref(wildcards)
+
+
+rule train_run:
+    input:
+        model=init_model_files,
+        train=f"{RESULTS}/data/{{task}}/train.jsonl",
+        info=f"{RESULTS}/data/{{task}}/info.json",
+    output:
+        model=directory(f"{RESULTS}/{{model}}/{{task}}/{{run}}/model"),
+        metrics=f"{RESULTS}/{{model}}/{{task}}/{{run}}/metrics.jsonl",
+        summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/summary.json",
+    params:
+        method=lambda wc: run_spec_of(wc).method,
+        settings=lambda wc: run_spec_of(wc).settings,
+        labels=lambda wc: run_spec_of(wc).labels,
+        init_model=init_model_ref,
+        progress_dir=lambda wc: f"{RESULTS}/progress/{wc.model}/{wc.task}/{wc.run}",
+    log:
+        f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/train.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/train.tsv"
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=120,
+    script:
+        "../workflow_scripts/train_run.py"

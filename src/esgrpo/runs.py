@@ -1,0 +1,137 @@
+"""Run names <-> run specifications: what a `results/{model}/{task}/{run}/` folder was trained with.
+
+A run's name says everything that distinguishes it, so Snakemake wildcards, tables and
+people read the same thing:
+
+| name                       | meaning                                                     |
+|----------------------------|-------------------------------------------------------------|
+| `es-n16-s0`                | ES, population 16, seed 0, the config's ES settings          |
+| `es-n16-norm_rank-s0`      | ... with rank normalisation (`norm_none`: raw fitness)       |
+| `es-n16-anti-s0`           | ... with antithetic (two-point) members                     |
+| `grpo-g8-s0`               | GRPO, group size 8, seed 0                                   |
+| `es-then-grpo-s0`          | GRPO started from `es-n{main}-s0` of the same task           |
+| `grpo-then-es-s0`          | ES started from `grpo-g{main}-s0` of the same task           |
+| `cl_es-s0-k2`              | continual sequence, method ES, stage 2 (task = order[1]),   |
+|                            | started from stage 1's checkpoint on order[0]               |
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+ES_RE = re.compile(r"es-n(?P<n>\d+)(?:-norm_(?P<norm>rank|none|zscore))?(?P<anti>-anti)?-s(?P<seed>\d+)")
+GRPO_RE = re.compile(r"grpo-g(?P<g>\d+)-s(?P<seed>\d+)")
+SEQ_RE = re.compile(r"(?P<first>es|grpo)-then-(?P<second>es|grpo)-s(?P<seed>\d+)")
+CL_RE = re.compile(r"cl_(?P<method>es|grpo)-s(?P<seed>\d+)-k(?P<stage>\d+)")
+
+
+def _strip_groups(pattern: re.Pattern) -> str:
+    return re.sub(r"\(\?P<[a-z]+>", "(?:", pattern.pattern)
+
+
+RUN_PATTERN = "|".join(_strip_groups(p) for p in (ES_RE, GRPO_RE, SEQ_RE, CL_RE))
+
+
+@dataclass
+class RunSpec:
+    """How to train one run: the method, its settings, and where it starts from."""
+
+    method: str  # "es" | "grpo"
+    settings: dict
+    seed: int
+    init: tuple[str, str] | None = None  # (task, run) whose final model is the start; None = base
+    labels: dict = field(default_factory=dict)  # what tables group by (population, normalization, ...)
+
+
+def es_name(n: int, seed: int, normalization: str = "zscore", antithetic: bool = False) -> str:
+    norm = "" if normalization == "zscore" else f"-norm_{normalization}"
+    return f"es-n{n}{norm}{'-anti' if antithetic else ''}-s{seed}"
+
+
+def grpo_name(g: int, seed: int) -> str:
+    return f"grpo-g{g}-s{seed}"
+
+
+def main_es_name(config: dict, seed: int) -> str:
+    return es_name(config["es"]["population_sizes"][0], seed)
+
+
+def main_grpo_name(config: dict, seed: int) -> str:
+    return grpo_name(config["grpo"]["group_sizes"][0], seed)
+
+
+def _es_settings(config: dict, seed: int, **overrides) -> dict:
+    return {**config["es"]["settings"], "seed": seed, **overrides}
+
+
+def _grpo_settings(config: dict, seed: int, **overrides) -> dict:
+    return {**config["grpo"]["settings"], "seed": seed, **overrides}
+
+
+def run_spec(config: dict, task: str, run: str) -> RunSpec:
+    """The spec of `run` on `task`; ValueError naming the run when it is not a valid name."""
+    if m := ES_RE.fullmatch(run):
+        n, seed = int(m["n"]), int(m["seed"])
+        norm, anti = m["norm"] or "zscore", bool(m["anti"])
+        settings = _es_settings(config, seed, population_size=n, normalization=norm, antithetic=anti)
+        return RunSpec("es", settings, seed, labels={"population": n, "normalization": norm, "antithetic": anti})
+    if m := GRPO_RE.fullmatch(run):
+        g, seed = int(m["g"]), int(m["seed"])
+        return RunSpec("grpo", _grpo_settings(config, seed, num_generations=g), seed, labels={"group": g})
+    if m := SEQ_RE.fullmatch(run):
+        seed, first, second = int(m["seed"]), m["first"], m["second"]
+        if first == second:
+            raise ValueError(f"run {run!r}: a sequential run needs two different methods")
+        init_run = main_es_name(config, seed) if first == "es" else main_grpo_name(config, seed)
+        spec = run_spec(config, task, main_es_name(config, seed) if second == "es" else main_grpo_name(config, seed))
+        return RunSpec(second, spec.settings, seed, init=(task, init_run), labels={"sequence": f"{first}->{second}"})
+    if m := CL_RE.fullmatch(run):
+        method, seed, stage = m["method"], int(m["seed"]), int(m["stage"])
+        order = config["sequential"]["continual"]
+        if not 1 <= stage <= len(order):
+            raise ValueError(f"run {run!r}: stage {stage} outside 1..{len(order)} (sequential.continual)")
+        if order[stage - 1] != task:
+            raise ValueError(f"run {run!r}: stage {stage} trains on {order[stage - 1]!r}, not {task!r}")
+        main = main_es_name(config, seed) if method == "es" else main_grpo_name(config, seed)
+        spec = run_spec(config, task, main)
+        init = None if stage == 1 else (order[stage - 2], f"cl_{method}-s{seed}-k{stage - 1}")
+        return RunSpec(method, spec.settings, seed, init=init, labels={"stage": stage})
+    raise ValueError(f"run {run!r} is not a run name; expected one of: es-n16-s0, es-n16-norm_rank-s0, "
+                     f"es-n16-anti-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2")
+
+
+def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
+    """Every (task, run) the config asks for on `model`, in a stable order."""
+    tasks = config["models"][model]["tasks"]
+    es, grpo = config.get("es"), config.get("grpo")
+    runs: list[tuple[str, str]] = []
+    if es:
+        for task in tasks:
+            runs += [(task, es_name(n, s)) for n in es["population_sizes"] for s in es["seeds"]]
+        ablation = es.get("ablations") or {}
+        if ablation.get("task") in tasks:
+            task, seeds = ablation["task"], es["seeds"]
+            runs += [(task, es_name(n, s)) for n in ablation.get("population_sizes", []) for s in seeds]
+            runs += [(task, es_name(es["population_sizes"][0], s, normalization=norm))
+                     for norm in ablation.get("normalization", []) for s in seeds]
+            if ablation.get("antithetic"):
+                runs += [(task, es_name(es["population_sizes"][0], s, antithetic=True)) for s in seeds]
+    if grpo:
+        for task in tasks:
+            runs += [(task, grpo_name(g, s)) for g in grpo["group_sizes"] for s in grpo["seeds"]]
+    seq = config.get("sequential") or {}
+    if es and grpo and seq.get("task") in tasks:
+        runs += [(seq["task"], f"{a}-then-{b}-s{s}") for a, b in (("es", "grpo"), ("grpo", "es"))
+                 for s in es["seeds"]]
+    for method in seq.get("continual_methods", []) if seq.get("continual") else []:
+        if not (es if method == "es" else grpo):
+            continue
+        for s in (es if method == "es" else grpo)["seeds"]:
+            runs += [(t, f"cl_{method}-s{s}-k{k}") for k, t in enumerate(seq["continual"], 1)]
+    seen, unique = set(), []
+    for item in runs:
+        if item not in seen:
+            seen.add(item)
+            unique.append(item)
+    return unique

@@ -1,0 +1,338 @@
+"""Tests of the TRL-based GRPO trainer (esgrpo.grpo) on a tiny model built in the test's tmp folder.
+
+The model is a 1-layer Llama taught in a few supervised steps to answer "Is a+b=c?" with
+`\\boxed{yes}` or `\\boxed{no}` at random: it uses the project's format, so the project's
+verifier gives it about half the reward and GRPO's advantages (hence its updates) are not zero.
+A random model would score 0 everywhere and every GRPO step would be a no-op.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from esgrpo.grpo import (
+    ES_SHARED_KEYS,
+    GRPOSettings,
+    _last_complete_checkpoint,
+    make_reward_function,
+    prompt_order,
+    rows_to_dataset,
+    train_grpo,
+)
+from esgrpo.io import read_json, read_jsonl
+from esgrpo.rewards import reward
+from esgrpo.tasks.base import make_row
+
+torch.set_num_threads(1)
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def yesno_rows(n: int = 48) -> list[dict]:
+    rows = []
+    for i in range(n):
+        a, b = i % 7, (3 * i) % 5
+        claimed = a + b + (0 if i % 2 else 1)
+        rows.append(make_row(f"r{i}", f"Is {a}+{b}={claimed}?", "yes" if claimed == a + b else "no",
+                             {"solution": f"{a}+{b}={a + b}"}))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A tiny Llama that answers in the boxed format, right about half the time (see module docstring)."""
+    from esgrpo.models import (
+        TinyLlamaSpec,
+        build_tiny_llama,
+        prompt_texts,
+        save_model,
+        train_tokenizer,
+    )
+
+    rows = yesno_rows()
+    answers = ["\\boxed{yes}", "\\boxed{no}"]
+    tokenizer = train_tokenizer([r["prompt"][0]["content"] for r in rows] + answers, vocab_size=300)
+    spec = TinyLlamaSpec(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, max_position_embeddings=64)
+    model = build_tiny_llama(tokenizer, spec, seed=0)
+    prompts = prompt_texts(tokenizer, rows)
+    texts = [p + answers[i % 2] + tokenizer.eos_token for i, p in enumerate(prompts)]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(40):
+        loss = model(**enc, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    save_model(model, tokenizer, path)
+    return path
+
+
+def small_settings(**overrides) -> GRPOSettings:
+    base = dict(num_generations=4, prompts_per_step=4, steps=4, max_new_tokens=8, learning_rate=5e-3,
+                save_every=2, seed=0)
+    base.update(overrides)
+    return GRPOSettings(**base)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(path / "model.safetensors"))
+
+
+# --------------------------------------------------------------------------- reward and data
+
+
+def test_reward_function_is_the_project_verifier():
+    fn = make_reward_function("countdown")
+    assert fn.__name__ == "countdown_reward"  # TRL logs rewards/<name>/mean
+    meta = {"numbers": [6, 4, 8], "target": 8}
+    prompt = "Use 6 4 8 to make 8. For example \\boxed{4*(8-6)}"  # the right answer sits in the prompt
+    completions = ["\\boxed{4*(8-6)}", "\\boxed{8+6-4}", "I do not know", "4*(8-6)", "\\boxed{(8-6)*4} done"]
+    as_messages = [[{"role": "assistant", "content": c}] for c in completions]
+    expected = [reward("countdown", c, "4*(8-6)", meta) for c in completions]
+    assert expected == [1.0, 0.0, 0.0, 0.0, 1.0]
+    kwargs = dict(answer=["4*(8-6)"] * 5, prompts=[prompt] * 5, completion_ids=[[1]] * 5)
+    # meta as the JSON text rows_to_dataset stores and as a dict; completions as text and as messages
+    assert fn(completions, meta=[json.dumps(meta)] * 5, **kwargs) == expected
+    assert fn(as_messages, meta=[meta] * 5, **kwargs) == expected
+    # Graded on the completion only: prompt + an unboxed completion would have scored 1.
+    assert reward("countdown", prompt + completions[2], "4*(8-6)", meta) == 1.0
+
+    partial = make_reward_function("yesno", scheme="boxed_partial", format_bonus=0.25)
+    texts = ["\\boxed{yes}", "\\boxed{no}", "the answer is yes", ""]
+    got = partial(texts, answer=["yes"] * 4, meta=["{}"] * 4)
+    assert got == [reward("yesno", t, "yes", {}, "boxed_partial", 0.25) for t in texts] == [1.25, 0.35, 0.0, 0.0]
+
+
+def test_reward_function_rejects_unknown_names():
+    with pytest.raises(ValueError, match="verifier"):
+        make_reward_function("nope")
+    with pytest.raises(ValueError, match="scheme"):
+        make_reward_function("yesno", scheme="nope")
+
+
+def test_rows_to_dataset_keeps_messages_and_meta():
+    rows = [make_row("a", "Use 1 2 3 to make 6.", "1+2+3", {"numbers": [1, 2, 3], "target": 6}),
+            make_row("b", "Is 1+1=2?", "yes", {"solution": "1+1=2"})]  # meta of another shape
+    ds = rows_to_dataset(rows)
+    assert set(ds.column_names) == {"id", "prompt", "answer", "meta"}
+    assert ds[0]["prompt"] == [{"role": "user", "content": "Use 1 2 3 to make 6."}]
+    assert [json.loads(m) for m in ds["meta"]] == [r["meta"] for r in rows]
+    assert ds["id"] == ["a", "b"]
+
+
+def test_prompt_order_batches_are_distinct_and_seeded():
+    order = prompt_order(10, steps=7, prompts_per_step=3, seed=1)
+    assert len(order) == 21
+    batches = [order[i:i + 3] for i in range(0, 21, 3)]
+    assert all(len(set(b)) == 3 for b in batches)
+    assert len(set(order[:9])) == 9  # one pass: 3 full batches of distinct rows, the 10th row dropped
+    assert order == prompt_order(10, steps=7, prompts_per_step=3, seed=1)
+    assert order != prompt_order(10, steps=7, prompts_per_step=3, seed=2)
+    with pytest.raises(ValueError, match="prompts_per_step"):
+        prompt_order(3, steps=1, prompts_per_step=4, seed=0)
+
+
+# --------------------------------------------------------------------------- settings
+
+
+@pytest.mark.parametrize("field, value", [
+    ("num_generations", 1), ("steps", 0), ("learning_rate", 0.0), ("learning_rate", -1e-3),
+    ("loss_type", "ppo"), ("scale_rewards", "yes"), ("lr_scheduler_type", "triangle"),
+    ("warmup_ratio", 1.0), ("top_p", 0.0), ("temperature", 0.0), ("reward_scheme", "dense"),
+    ("steps", True), ("prompts_per_step", 2.5), ("use_vllm", "no"), ("gradient_accumulation_steps", 3),
+])
+def test_bad_settings_name_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"GRPOSettings\.{field}\b"):
+        GRPOSettings(**{field: value})
+
+
+def test_loss_type_error_lists_the_allowed_values():
+    with pytest.raises(ValueError, match=r"loss_type.*\['dapo', 'grpo', 'dr_grpo', 'bnpo'\]"):
+        GRPOSettings(loss_type="ppo")
+
+
+def test_from_dict_rejects_unknown_keys_by_name():
+    with pytest.raises(ValueError, match=r"unknown GRPO setting\(s\) \['group_size'\]"):
+        GRPOSettings.from_dict({"group_size": 8, "steps": 3})
+    assert GRPOSettings.from_dict({"steps": 3}).to_dict() == GRPOSettings(steps=3).to_dict()
+
+
+def test_torn_checkpoints_are_skipped_and_removed(tmp_path):
+    whole = tmp_path / "checkpoint-2"
+    whole.mkdir()
+    (whole / "optimizer.pt").write_bytes(b"x")
+    (whole / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    torn = tmp_path / "checkpoint-4"  # killed mid-save: the model is there, the trainer state is not
+    torn.mkdir()
+    (torn / "model.safetensors").write_bytes(b"x")
+    assert _last_complete_checkpoint(tmp_path, log=lambda m: None) == (2, whole)
+    assert not torn.exists()
+
+
+# --------------------------------------------------------------------------- training
+
+
+def es_row_keys(tmp_path: Path) -> set[str]:
+    """The keys of a real ES metrics row (one iteration of esgrpo.es on a tiny model)."""
+    import numpy as np
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from esgrpo.es import ESConfig, FitnessResult, train_es
+
+    config = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
+    model = LlamaForCausalLM(config)
+
+    def evaluate(population, prompt_rows, cfg, generator=None):
+        return FitnessResult(fitness=np.arange(cfg.population_size, dtype=float))
+
+    train_es(model, None, [{"id": "x"}], ESConfig(population_size=2, iterations=1, prompts_per_iteration=1),
+             evaluate, tmp_path / "es", tmp_path / "es_progress", log=lambda m: None)
+    return set(read_jsonl(tmp_path / "es" / "metrics.jsonl")[0])
+
+
+def test_train_writes_es_schema_metrics_and_a_reloadable_model(model_dir, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    settings = small_settings(steps=4, save_every=2)
+    out, progress = tmp_path / "out", tmp_path / "progress"
+    summary = train_grpo(model_dir, yesno_rows(), "yesno", settings, out, progress, log=lambda m: None)
+
+    rows = read_jsonl(out / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
+    assert set(ES_SHARED_KEYS) <= es_row_keys(tmp_path)  # the overlap really is ES's vocabulary
+    for r in rows:
+        assert set(ES_SHARED_KEYS) <= set(r)
+        assert r["method"] == "grpo" and "kl" not in r  # beta = 0: TRL computes no KL
+        assert 0.0 <= r["fitness_mean"] <= 1.0 and r["update_norm"] > 0
+    assert [r["rollouts"] for r in rows] == [16, 32, 48, 64]
+    assert all(b["generated_tokens"] > a["generated_tokens"] for a, b in zip(rows, rows[1:], strict=False))
+    assert all(b["seconds"] > a["seconds"] for a, b in zip(rows, rows[1:], strict=False))
+    assert rows[0]["update_norm"] == pytest.approx(rows[0]["distance_from_init"])
+    assert any(r["fitness_std"] > 0 for r in rows)  # the fixture model gives GRPO a signal
+
+    # The saved model reloads with transformers and holds the trained weights: those of the
+    # final TRL checkpoint, at the distance from the start that the metrics logged.
+    reloaded = AutoModelForCausalLM.from_pretrained(out / "model")
+    state = {k: v for k, v in reloaded.state_dict().items()}
+    final_checkpoint = weights(progress / "checkpoint-4")
+    assert set(final_checkpoint) <= set(state)
+    for name, value in final_checkpoint.items():
+        assert torch.equal(state[name], value), name
+    start = {k: v for k, v in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()}
+    moved = sum(float((p.detach() - start[k].detach()).double().pow(2).sum()) for k, p in reloaded.named_parameters())
+    assert moved ** 0.5 == pytest.approx(summary["distance_from_init"], rel=1e-6)
+    assert summary["distance_from_init"] == pytest.approx(rows[-1]["distance_from_init"], rel=1e-9)
+    assert summary["rollouts"] == 64 and summary["steps"] == 4
+    assert read_json(out / "summary.json")["settings"] == settings.to_dict()
+
+
+def test_kl_is_logged_when_beta_is_set(model_dir, tmp_path):
+    settings = small_settings(steps=1, save_every=0, beta=0.05)
+    train_grpo(model_dir, yesno_rows(), "yesno", settings, tmp_path / "o", tmp_path / "p", log=lambda m: None)
+    (row,) = read_jsonl(tmp_path / "o" / "metrics.jsonl")
+    assert row["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy is the reference before its first update
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys, time
+    import torch
+    torch.set_num_threads(1)
+    import esgrpo.grpo as grpo
+    from esgrpo.grpo import GRPOSettings, train_grpo
+
+    model_dir, rows_path, out, progress, settings, slow = sys.argv[1:7]
+    if slow == "1":  # slow each step so the parent can kill the run between two checkpoints
+        make = grpo.make_reward_function
+        def slowed(*args, **kwargs):
+            fn = make(*args, **kwargs)
+            def wrapper(*a, **k):
+                time.sleep(0.6)
+                return fn(*a, **k)
+            wrapper.__name__ = fn.__name__
+            return wrapper
+        grpo.make_reward_function = slowed
+    rows = [json.loads(line) for line in open(rows_path)]
+    train_grpo(model_dir, rows, "yesno", GRPOSettings(**json.loads(settings)), out, progress)
+""")
+
+
+def _child(model_dir: Path, rows_path: Path, out: Path, progress: Path, settings: GRPOSettings,
+           slow: bool) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(SRC))
+    return subprocess.Popen([sys.executable, "-c", _CHILD, str(model_dir), str(rows_path), str(out), str(progress),
+                             json.dumps(settings.to_dict()), "1" if slow else "0"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_resume_after_kill_matches_an_uninterrupted_run(model_dir, tmp_path):
+    settings = small_settings(steps=6, save_every=2)
+    rows = yesno_rows()
+    rows_path = tmp_path / "rows.jsonl"
+    rows_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    quiet = dict(log=lambda m: None)
+
+    # The run to kill, in a child process slowed down so that it dies between two checkpoints.
+    out, progress = tmp_path / "out", tmp_path / "progress"
+    run = _child(model_dir, rows_path, out, progress, settings, slow=True)
+    # The reference: the same run, never interrupted (here, while the child starts up).
+    train_grpo(model_dir, rows, "yesno", settings, tmp_path / "ref", tmp_path / "ref_progress", **quiet)
+    deadline = time.time() + 240
+    while not (progress / "checkpoint-2" / "trainer_state.json").exists():
+        assert run.poll() is None, run.stdout.read()
+        assert time.time() < deadline, "no checkpoint-2 appeared"
+        time.sleep(0.05)
+    os.kill(run.pid, signal.SIGKILL)  # in step 3 or 4: its metrics row may be written, its checkpoint not
+    run.wait()
+    run.stdout.close()
+    assert not (out / "summary.json").exists()
+    killed_at = max(r["iteration"] for r in read_jsonl(progress / "metrics.jsonl"))
+    assert 2 <= killed_at < 6
+
+    messages: list[str] = []
+    summary = train_grpo(model_dir, rows, "yesno", settings, out, progress, log=messages.append)
+    assert any("resuming after step" in m for m in messages), messages
+    assert summary["resumed_from"] in (2, 4) and summary["steps"] == 6
+
+    metrics = read_jsonl(out / "metrics.jsonl")
+    reference = read_jsonl(tmp_path / "ref" / "metrics.jsonl")
+    assert [r["iteration"] for r in metrics] == [1, 2, 3, 4, 5, 6]  # one row per step, none duplicated
+    assert [r["rollouts"] for r in metrics] == [r["rollouts"] for r in reference]
+    # TRL restores model, optimiser, scheduler and RNG state, and the prompt order is fixed up
+    # front, so the replayed steps are the same steps: same rewards, tokens, and weights bit for bit.
+    for key in ("fitness_mean", "generated_tokens", "distance_from_init", "update_norm"):
+        assert [r[key] for r in metrics] == [r[key] for r in reference], key
+    final, expected = weights(out / "model"), weights(tmp_path / "ref" / "model")
+    assert final.keys() == expected.keys()
+    for name in expected:
+        assert torch.equal(final[name], expected[name]), name
+
+    # A finished run rerun with the same settings trains nothing more and keeps its rows ...
+    assert train_grpo(model_dir, rows, "yesno", settings, out, progress, **quiet)["resumed_from"] == 6
+    assert [r["iteration"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
+    assert all(torch.equal(weights(out / "model")[k], v) for k, v in expected.items())
+    # ... and other settings in the same folder start afresh instead of resuming another run.
+    other = small_settings(steps=2, save_every=2, learning_rate=1e-3)
+    messages.clear()
+    assert train_grpo(model_dir, rows, "yesno", other, out, progress, log=messages.append)["resumed_from"] is None
+    assert any("starting afresh" in m for m in messages), messages
+    assert [r["iteration"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]
