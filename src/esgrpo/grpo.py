@@ -364,7 +364,7 @@ def _callback_class():
     from transformers import TrainerCallback
 
     class GRPOMetricsCallback(TrainerCallback):
-        """Writes one ES-schema row per optimiser step to progress_dir/metrics.jsonl.
+        """Writes one ES-schema row per optimiser step to metrics.jsonl (progress_dir and out_dir).
 
         Geometry is measured here because TRL does not: distance_from_init against an fp32
         copy of the starting weights, update_norm against an fp32 copy taken just before the
@@ -373,11 +373,11 @@ def _callback_class():
         """
 
         def __init__(self, model: torch.nn.Module, settings: GRPOSettings, rows_so_far: list[dict],
-                     metrics_path: Path, log: Callable[[str], Any]) -> None:
+                     metrics_paths: Sequence[Path], log: Callable[[str], Any]) -> None:
             self.model = model
             self.settings = settings
             self.rows = rows_so_far
-            self.metrics_path = metrics_path
+            self.metrics_paths = list(metrics_paths)
             self.log = log
             params = dict(model.named_parameters())  # tied weights once, as in ES
             self.theta0 = {n: p.detach().to(torch.float32).clone() for n, p in params.items()}
@@ -447,7 +447,8 @@ def _callback_class():
             self.pending = {}
             # Rows are keyed by step: a step replayed after a resume replaces, never duplicates.
             self.rows = [r for r in self.rows if r["iteration"] < step] + [row]
-            write_jsonl(self.metrics_path, self.rows)
+            for path in self.metrics_paths:  # progress_dir's copy is the one a resume reads
+                write_jsonl(path, self.rows)
             self.log(f"grpo step {step}/{s.steps} reward {row['fitness_mean']:.4f}±{row['fitness_std']:.4f} "
                      f"zero-std {row['frac_reward_zero_std']:.2f} entropy {row['entropy']:.3f} "
                      f"|step| {row['update_norm']:.3e} dist {row['distance_from_init']:.3e} "
@@ -555,11 +556,12 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
             log(f"grpo: resuming after step {resumed_step} of {settings.steps} from {resume[1]}")
     if resume is None:
         write_jsonl(metrics_path, [])
+        (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a previous run's rows must not linger
         log(f"grpo: fresh run, {sum(t.numel() for t in theta0.values()):,} parameters, "
             f"{settings.prompts_per_step} prompts x {settings.num_generations} completions, {settings.steps} steps")
 
     dataset = rows_to_dataset([rows[i] for i in order])
-    callback = _callback_class()(model, settings, rows_so_far, metrics_path, log)
+    callback = _callback_class()(model, settings, rows_so_far, [metrics_path, out_dir / "metrics.jsonl"], log)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[make_reward_function(verifier, settings.reward_scheme, settings.format_bonus)],

@@ -195,6 +195,14 @@ class PopulationWeights:
     lm_head: Tensor  # [N, H, V], final norm folded
 
 
+_NT = False
+
+
+def _as_in_out(w: Tensor) -> Tensor:
+    """[N, out, in] (nn.Linear layout) -> an [N, in, out] operand for `x @ w`."""
+    return w.contiguous().transpose(1, 2) if _NT else w.transpose(1, 2).contiguous()
+
+
 def _rope_perm(head_dim: int, heads: int) -> Tensor:
     """Output-feature order that pairs (i, i + head_dim/2) as adjacent (real, imaginary) entries."""
     half = head_dim // 2
@@ -256,7 +264,7 @@ def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | N
         wqkv = torch.cat([get(a + "q_proj.weight")[:, perm_q] * scale,
                           get(a + "k_proj.weight")[:, perm_k],
                           get(a + "v_proj.weight")], dim=1)  # [N, C, H], nn.Linear layout
-        wqkv = (wqkv * ln1[:, None, :]).transpose(1, 2).contiguous()  # [N, H, C]: x @ W is a plain NN gemm
+        wqkv = _as_in_out(wqkv * ln1[:, None, :])  # [N, H, C]
         biases = [maybe(a + f"{x}_proj.bias") for x in "qkv"]
         bqkv = None
         if any(b is not None for b in biases):
@@ -265,7 +273,7 @@ def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | N
                           for b, w in zip(biases, widths, strict=True))
             bqkv = torch.cat([bq[:, perm_q] * scale, bk[:, perm_k], bv], dim=1).unsqueeze(1).contiguous()
         wgu = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")], dim=1)
-        wgu = (wgu * ln2[:, None, :]).transpose(1, 2).contiguous()
+        wgu = _as_in_out(wgu * ln2[:, None, :])
         bgu = None
         if f"{m}gate_proj.bias" in params:
             bgu = torch.cat([get(m + "gate_proj.bias"), get(m + "up_proj.bias")], dim=1).unsqueeze(1).contiguous()
@@ -276,12 +284,12 @@ def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | N
 
         layers.append(_Layer(
             wqkv=wqkv, bqkv=bqkv,
-            wo=get(a + "o_proj.weight").transpose(1, 2).contiguous(), bo=bias(a + "o_proj.bias"),
+            wo=_as_in_out(get(a + "o_proj.weight")), bo=bias(a + "o_proj.bias"),
             wgu=wgu, bgu=bgu,
-            wd=get(m + "down_proj.weight").transpose(1, 2).contiguous(), bd=bias(m + "down_proj.bias")))
+            wd=_as_in_out(get(m + "down_proj.weight")), bd=bias(m + "down_proj.bias")))
     embed = get(f"{p}.embed_tokens.weight")  # [N, V, H]
     head = embed if arch.tied else get("lm_head.weight")
-    lm_head = (head * get(f"{p}.norm.weight")[:, None, :]).transpose(1, 2).contiguous()
+    lm_head = _as_in_out(head * get(f"{p}.norm.weight")[:, None, :])
     return PopulationWeights(n_members=n_members, arch=arch,
                              embed=embed.contiguous().reshape(n_members * arch.vocab, arch.hidden),
                              layers=layers, lm_head=lm_head)

@@ -1,0 +1,53 @@
+"""Shared fixtures: one thread per process (CPU-FACTS: more threads than cores thrash), and the
+CI workflow run once per session through the Snakemake Python API."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = None, dryrun: bool = False,
+                 cores: int = 2) -> None:
+    """Run (or dry-run) the workflow in `workdir` through the Snakemake API."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.types import (
+        ConfigSettings,
+        DAGSettings,
+        ExecutionSettings,
+        OutputSettings,
+        ResourceSettings,
+    )
+
+    with SnakemakeApi(OutputSettings(dryrun=dryrun, quiet={"progress"} if not dryrun else set())) as api:
+        workflow = api.workflow(
+            resource_settings=ResourceSettings(cores=cores),
+            config_settings=ConfigSettings(configfiles=[configfile]),
+            snakefile=REPO / "Snakefile",
+            workdir=workdir,
+        )
+        dag = workflow.dag(DAGSettings(targets=frozenset(targets or [])))
+        dag.execute_workflow(executor="dryrun" if dryrun else "local",
+                             execution_settings=ExecutionSettings())
+
+
+@pytest.fixture(scope="session")
+def ci_workflow(tmp_path_factory) -> Path:
+    """The CI config run end to end once; tests read its outputs."""
+    workdir = tmp_path_factory.mktemp("ci_workflow")
+    run_workflow(workdir, REPO / "configs" / "ci.yaml")
+    return workdir / "results"

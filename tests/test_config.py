@@ -1,0 +1,50 @@
+"""Config validation: schema defaults, and errors that name the key and the allowed values."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+from conftest import REPO
+
+from esgrpo.config import ConfigError, check_config
+
+
+@pytest.fixture
+def default_config():
+    return yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_shipped_configs_pass(default_config):
+    check_config(default_config)
+    for path in (REPO / "configs").glob("*.yaml"):
+        check_config(yaml.safe_load(path.read_text()))
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["tasks"].update({"nonsense": {}}), "tasks.nonsense: unknown task"),
+    (lambda c: c["models"]["tiny"]["tasks"].append("gsm8k"), "models.tiny.tasks"),
+    (lambda c: c["eval"].update({"ks": [1, 64]}), "eval.ks"),
+    (lambda c: c["es"]["settings"].update({"sigmaa": 0.1}), "sigmaa"),
+    (lambda c: c["es"]["settings"].update({"normalization": "minmax"}), "normalization"),
+    (lambda c: c["es"]["ablations"].update({"task": "gsm8k"}), "es.ablations.task"),
+])
+def test_bad_config_names_the_key(default_config, mutate, message):
+    config = copy.deepcopy(default_config)
+    mutate(config)
+    with pytest.raises(ConfigError, match=message):
+        check_config(config)
+
+
+def test_schema_rejects_unknown_top_level_key_and_fills_defaults(default_config):
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    config = copy.deepcopy(default_config)
+    config["eval"].pop("batch_size", None)
+    validate(config, str(REPO / "schemas" / "config.schema.yaml"))
+    assert config["eval"]["batch_size"] == 512
+    config["unknown_block"] = 1
+    with pytest.raises(WorkflowError, match="unknown_block"):
+        validate(config, str(REPO / "schemas" / "config.schema.yaml"))
