@@ -20,7 +20,9 @@ include: "rules/data.smk"
 include: "rules/models.smk"
 include: "rules/train.smk"
 include: "rules/eval.smk"
+include: "rules/analysis.smk"
 include: "rules/tables.smk"
+include: "rules/paper.smk"
 
 
 rule all:

@@ -24,7 +24,6 @@ from safetensors.torch import load_file
 from esgrpo.es import (
     ESConfig,
     FitnessResult,
-    _population_js,
     all_equal,
     es_update_direction,
     iter_population,
@@ -151,40 +150,6 @@ def test_normalisations():
         normalize_fitness([0.1, float("nan")])
 
 
-def test_js_diversity_helper():
-    # every member agrees -> 0; half right on each prompt -> ln 2; mixed prompts average
-    assert _population_js(np.array([[1, 0], [1, 0], [1, 0]])) == 0.0
-    assert _population_js(np.array([[1, 1], [0, 0]])) == pytest.approx(math.log(2))
-    success = np.array([[1, 1, 0], [0, 1, 0], [0, 1, 1], [0, 1, 0]], dtype=bool)
-    h = lambda p: -(p * math.log(p) + (1 - p) * math.log(1 - p))  # noqa: E731
-    assert _population_js(success) == pytest.approx((h(0.25) + 0 + h(0.25)) / 3)
-    try:
-        from esgrpo.metrics import population_js_diversity
-    except ImportError:
-        return
-    assert _population_js(success) == pytest.approx(population_js_diversity(success))
-
-
-# --------------------------------------------------------------------------- settings
-
-
-@pytest.mark.parametrize("changes, field", [
-    ({"population_size": 1}, "population_size"),
-    ({"population_size": 7, "antithetic": True}, "population_size"),
-    ({"sigma": 0.0}, "sigma"),
-    ({"sigma": True}, "sigma"),
-    ({"population_size": 8.0}, "population_size"),
-    ({"sigma": -1e-3}, "sigma"),
-    ({"alpha": 0}, "alpha"),
-    ({"iterations": -1}, "iterations"),
-    ({"normalization": "minmax"}, "normalization"),
-    ({"fitness_top_p": 0.0}, "fitness_top_p"),
-    ({"fitness_temperature": -0.5}, "fitness_temperature"),
-    ({"reward_scheme": "dense"}, "reward_scheme"),
-    ({"trainable": []}, "trainable"),
-    ({"seed": -3}, "seed"),
-    ({"prompts_per_iteration": 0}, "prompts_per_iteration"),
-])
 def test_bad_settings_name_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
         ESConfig(**changes)

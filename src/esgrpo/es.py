@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from esgrpo.io import write_json, write_jsonl
+from esgrpo.metrics import population_js_diversity
 
 __all__ = [
     "ESConfig",
@@ -385,25 +386,6 @@ Population = dict[str, torch.Tensor] | Iterator[dict[str, torch.Tensor]]
 EvaluatePopulation = Callable[..., FitnessResult]
 
 
-def _bernoulli_entropy(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 0.0, 1.0)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        terms = np.where(p > 0, -p * np.log(p), 0.0) + np.where(p < 1, -(1 - p) * np.log1p(-p), 0.0)
-    return terms
-
-
-def _population_js(success: np.ndarray) -> float:
-    """Generalised JS divergence among the members' Bernoulli(success) per prompt, in nats, averaged.
-
-    JS = H(mean_n p_n) - mean_n H(p_n); with one sample per member p_n is 0/1, H(p_n) = 0.
-    """
-    s = np.asarray(success, dtype=np.float64)
-    if s.ndim != 2 or s.size == 0:
-        return math.nan
-    js = _bernoulli_entropy(s.mean(axis=0)) - _bernoulli_entropy(s).mean(axis=0)
-    return float(np.mean(np.maximum(js, 0.0)))
-
-
 def _prompt_text(tokenizer: Any, row: Row) -> str:
     prompt = row["prompt"]
     if isinstance(prompt, str):
@@ -695,7 +677,7 @@ def train_es(model: torch.nn.Module, tokenizer: Any, rows: Sequence[Row], cfg: E
             "generated_tokens": totals["generated_tokens"],
             "seconds": totals["seconds"],
             "entropy": float(result.entropy),
-            "js_diversity": _population_js(result.success) if result.success is not None else math.nan,
+            "js_diversity": population_js_diversity(result.success) if result.success is not None else math.nan,
             "skipped": skipped,
             "prompts": len(batch),
         }

@@ -492,7 +492,8 @@ def _grpo_config(settings: GRPOSettings, progress_dir: Path, cuda: bool):
         shuffle_dataset=False,
         # CPU-hostile defaults of TRL/transformers, and no logging services.
         bf16=bool(s.bf16 and cuda),
-        gradient_checkpointing=False,
+        # TRL defaults to checkpointing on; transformers 5 names it activation_checkpointing.
+        activation_checkpointing=False,
         use_cpu=not cuda,
         logging_steps=1,
         report_to="none",

@@ -334,9 +334,9 @@ def _attention_prefill(q: Tensor, kc: Tensor, vc: Tensor, add_mask: Tensor, t: i
         e = min(n, s + step)
         m = e - s
         qs = q[s:e].unflatten(3, (nkv, groups)).permute(0, 1, 3, 4, 2, 5).reshape(m * b * nkv, groups * tq, hd)
-        keys = kc[s:e, :, :, :t].reshape(m * b * nkv, t, hd)
+        keys_t = kc[s:e, :, :, :, :t].reshape(m * b * nkv, hd, t)
         vals = vc[s:e, :, :, :t].reshape(m * b * nkv, t, hd)
-        scores = torch.bmm(qs, keys.transpose(1, 2))
+        scores = torch.bmm(qs, keys_t)
         scores.view(m, b, nkv, groups, tq, t).add_(add_mask)  # add_mask [B, 1, 1, tq, t]
         o = torch.bmm(scores.softmax(-1), vals)  # [m*b*nkv, groups*tq, hd]
         out.append(o.view(m, b, nkv, groups, tq, hd).permute(0, 1, 4, 2, 3, 5).reshape(m, b * tq, heads * hd))
@@ -377,7 +377,7 @@ def _prefill_members(pw: PopulationWeights, s: int, e: int, input_ids: Tensor, r
         qkv = _project(_rms(x, arch.eps), layer.wqkv, layer.bqkv).view(n, b, t, -1)
         qk = torch.view_as_complex(qkv[..., :nqk * hd].unflatten(-1, (nqk, hd // 2, 2)))
         qk = torch.view_as_real(qk * rot).flatten(-2)  # [n, B, T, nqk, hd]
-        kcache[i, :, :, :, :t] = qk[..., nq:, :].transpose(2, 3)
+        kcache[i, :, :, :, :, :t] = qk[..., nq:, :].permute(0, 1, 3, 4, 2)
         vcache[i, :, :, :, :t] = qkv[..., nqk * hd:].unflatten(-1, (nkv, hd)).transpose(2, 3)
         if last:
             # Only the last position's output is needed from the last layer: keys/values of every
@@ -404,14 +404,14 @@ def _decode(pw: PopulationWeights, x: Tensor, rot: Tensor, slot: int, dmask: Ten
         qkv = _project(_rms(x, arch.eps), layer.wqkv, layer.bqkv)  # [N, B, C]
         qk = torch.view_as_complex(qkv[..., :nqk * hd].unflatten(-1, (nqk, hd // 2, 2)))
         qk = torch.view_as_real(qk * rot).flatten(-2)  # [N, B, nqk, hd]
-        kc, vc = kcache[i], vcache[i]  # [N, B, nkv, S, hd]
-        kc[:, :, :, slot] = qk[:, :, nq:]
+        kc, vc = kcache[i], vcache[i]  # [N, B, nkv, hd, S] and [N, B, nkv, S, hd]
+        kc[..., slot] = qk[:, :, nq:]
         vc[:, :, :, slot] = qkv[..., nqk * hd:].unflatten(-1, (nkv, hd))
         q = qk[:, :, :nq].reshape(n * b * nkv, groups, hd)
-        keys = kc[:, :, :, :cur].reshape(n * b * nkv, cur, hd)
+        keys_t = kc[..., :cur].reshape(n * b * nkv, hd, cur)
         vals = vc[:, :, :, :cur].reshape(n * b * nkv, cur, hd)
         # dmask [N*B*nkv, 1, S]: the padding mask broadcast over the query heads of a group.
-        scores = torch.baddbmm(dmask[:, :, :cur], q, keys.transpose(1, 2))
+        scores = torch.baddbmm(dmask[:, :, :cur], q, keys_t)
         o = torch.bmm(scores.softmax(-1), vals).view(n, b, nq * hd)
         _add_project_(x, o, layer.wo, layer.bo)
         _mlp_(x, layer, arch.eps, arch.intermediate)
@@ -483,7 +483,7 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
         empty = torch.zeros(n, b, 0, device=device)
         return PopulationOutput(empty.long(), torch.zeros(n, b, dtype=torch.long, device=device), empty, empty)
     _check_window(model, t + steps)
-    nq, nkv, hd = arch.heads, arch.kv_heads, arch.head_dim
+    nkv, hd = arch.kv_heads, arch.head_dim
     slots = t + steps - 1  # the last generated token is never fed back
 
     # Rotary rotations as complex numbers, once per call: prompts at cumsum(mask) - 1, the j-th new
@@ -510,8 +510,10 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
     decode_mask = torch.where(slot_ok, zero, neg)[None, :, None, None, :].expand(n, b, nkv, 1, slots)
     decode_mask = decode_mask.reshape(n * b * nkv, 1, slots)
 
-    kcache = torch.empty(arch.layers, n, b, nkv, slots, hd, device=device)
-    vcache = torch.empty_like(kcache)
+    # Keys are cached transposed, [.., head_dim, slot]: the score matmul q @ K^T is then a plain
+    # NN gemm over a contiguous prefix of every (row, kv head) block, measurably faster for tiny heads.
+    kcache = torch.empty(arch.layers, n, b, nkv, hd, slots, device=device)
+    vcache = torch.empty(arch.layers, n, b, nkv, slots, hd, device=device)
 
     eos = torch.tensor(_eos_list(eos_token_id), dtype=torch.long, device=device)
     tokens = torch.full((steps, n, b), pad_token_id, dtype=torch.long, device=device)

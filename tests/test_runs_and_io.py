@@ -1,0 +1,74 @@
+"""Run names <-> specs, the planned grid, and atomic I/O."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+from conftest import REPO
+
+from esgrpo.io import append_jsonl, read_jsonl, write_json
+from esgrpo.runs import RUN_PATTERN, planned_runs, run_spec
+
+
+@pytest.fixture
+def config():
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg.setdefault("grpo", {"group_sizes": [8], "seeds": [0], "settings": {"learning_rate": 1e-3}})
+    cfg.setdefault("sequential", {"task": "countdown3", "continual": list(cfg["tasks"]),
+                                  "continual_methods": ["es", "grpo"]})
+    return cfg
+
+
+def test_es_names_carry_their_settings(config):
+    spec = run_spec(config, "countdown3", "es-n8-norm_rank-anti-s3")
+    assert spec.method == "es" and spec.seed == 3 and spec.init is None
+    assert spec.settings["population_size"] == 8 and spec.settings["normalization"] == "rank"
+    assert spec.settings["antithetic"] is True and spec.settings["seed"] == 3
+    assert spec.settings["sigma"] == config["es"]["settings"]["sigma"]
+
+
+def test_sequential_runs_start_from_the_first_stage(config):
+    n, g = config["es"]["population_sizes"][0], config["grpo"]["group_sizes"][0]
+    spec = run_spec(config, "countdown3", "es-then-grpo-s0")
+    assert spec.method == "grpo" and spec.init == ("countdown3", f"es-n{n}-s0")
+    assert run_spec(config, "countdown3", "grpo-then-es-s0").init == ("countdown3", f"grpo-g{g}-s0")
+    order = config["sequential"]["continual"]
+    assert run_spec(config, order[0], "cl_es-s0-k1").init is None
+    assert run_spec(config, order[2], "cl_grpo-s0-k3").init == (order[1], "cl_grpo-s0-k2")
+    with pytest.raises(ValueError, match="stage 2 trains on"):
+        run_spec(config, order[0], "cl_es-s0-k2")
+
+
+def test_bad_run_name_is_named(config):
+    with pytest.raises(ValueError, match="'es-x-s0' is not a run name"):
+        run_spec(config, "countdown3", "es-x-s0")
+
+
+def test_planned_runs_cover_the_grid_and_match_the_wildcard(config):
+    runs = planned_runs(config, "tiny")
+    assert len(runs) == len(set(runs))
+    for task in config["models"]["tiny"]["tasks"]:
+        assert (task, "es-n16-s0") in runs and (task, "grpo-g8-s0") in runs
+    assert ("countdown3", "es-n16-norm_none-s0") in runs and ("countdown3", "es-n16-anti-s0") in runs
+    assert ("countdown3", "es-then-grpo-s0") in runs
+    assert sum(run.startswith("cl_") for _, run in runs) == 2 * len(config["sequential"]["continual"])
+    for task, run in runs:
+        assert re.fullmatch(RUN_PATTERN, run), run
+        run_spec(config, task, run)
+
+
+def test_atomic_json_and_torn_jsonl_tail(tmp_path):
+    write_json(tmp_path / "a" / "x.json", {"b": 1})
+    assert (tmp_path / "a" / "x.json").read_text().strip().startswith("{")
+    assert not [p for p in (tmp_path / "a").iterdir() if p.name.endswith(".tmp")]
+    path = tmp_path / "m.jsonl"
+    append_jsonl(path, {"i": 1})
+    append_jsonl(path, {"i": 2})
+    with open(path, "a") as handle:
+        handle.write('{"i": 3')  # a kill mid-write
+    assert read_jsonl(path) == [{"i": 1}, {"i": 2}]
+    path.write_text('{"i": 1}\n{"i"\n{"i": 3}\n')
+    with pytest.raises(ValueError, match="line 2"):
+        read_jsonl(path)

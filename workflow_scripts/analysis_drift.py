@@ -1,0 +1,5 @@
+# Thin entry point: all logic lives in esgrpo.pipeline.analysis.drift_stage.
+from esgrpo.pipeline.analysis import drift_stage
+from esgrpo.workflow import run_stage
+
+run_stage(snakemake, drift_stage)  # noqa: F821

@@ -1,0 +1,5 @@
+# Thin entry point: all logic lives in esgrpo.pipeline.analysis.interpolation_stage.
+from esgrpo.pipeline.analysis import interpolation_stage
+from esgrpo.workflow import run_stage
+
+run_stage(snakemake, interpolation_stage)  # noqa: F821

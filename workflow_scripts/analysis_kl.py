@@ -1,0 +1,5 @@
+# Thin entry point: all logic lives in esgrpo.pipeline.analysis.kl_stage.
+from esgrpo.pipeline.analysis import kl_stage
+from esgrpo.workflow import run_stage
+
+run_stage(snakemake, kl_stage)  # noqa: F821

@@ -1,0 +1,6 @@
+# Thin entry point of every paper table and figure rule: params.stage names the function in
+# esgrpo.pipeline.paper (TABLES / FIGURES); all logic lives there.
+from esgrpo.pipeline.paper import run_paper_stage
+from esgrpo.workflow import run_stage
+
+run_stage(snakemake, run_paper_stage)  # noqa: F821
