@@ -232,6 +232,7 @@ def test_train_writes_es_schema_metrics_and_a_reloadable_model(model_dir, tmp_pa
     # The saved model reloads with transformers and holds the trained weights: those of the
     # final TRL checkpoint, at the distance from the start that the metrics logged.
     reloaded = AutoModelForCausalLM.from_pretrained(out / "model")
+    assert reloaded.config.use_cache == AutoModelForCausalLM.from_pretrained(model_dir).config.use_cache
     state = {k: v for k, v in reloaded.state_dict().items()}
     final_checkpoint = weights(progress / "checkpoint-4")
     assert set(final_checkpoint) <= set(state)

@@ -379,25 +379,34 @@ def _callback_class():
             self.rows = rows_so_far
             self.metrics_paths = list(metrics_paths)
             self.log = log
-            params = dict(model.named_parameters())  # tied weights once, as in ES
-            self.theta0 = {n: p.detach().to(torch.float32).clone() for n, p in params.items()}
+            self.theta0 = self._snapshot()
             self.before: dict[str, torch.Tensor] = {}
             last = rows_so_far[-1] if rows_so_far else {}
             self.totals = {k: last.get(k, 0) for k in ("rollouts", "generated_tokens", "seconds")}
             self.step_began = 0.0
             self.pending: dict[str, float] = {}
 
+        def _snapshot(self) -> dict[str, torch.Tensor]:
+            """fp32 copies of every parameter (tied weights once, as in ES), kept in CPU memory.
+
+            On a GPU the two copies would cost 8 bytes per parameter next to the optimiser
+            state and vLLM; in host memory they cost one transfer per step.
+            """
+            return {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in self.model.named_parameters()}
+
         def _norm_to(self, reference: Mapping[str, torch.Tensor]) -> float:
+            """||theta - reference||_2 over all parameters, one tensor at a time on the parameter's device."""
             total = 0.0
             for name, p in self.model.named_parameters():
-                total += float((p.detach().to(torch.float32) - reference[name]).double().pow(2).sum())
+                ref = reference[name].to(p.device)
+                total += float((p.detach().to(torch.float32) - ref).double().pow(2).sum())
             return math.sqrt(total)
 
         def on_step_begin(self, args, state, control, **kwargs):
             self.step_began = time.perf_counter()
 
         def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.before = {n: p.detach().to(torch.float32).clone() for n, p in self.model.named_parameters()}
+            self.before = self._snapshot()
 
         def on_step_end(self, args, state, control, **kwargs):
             # Timed from step begin (generation + scoring + backward + optimiser), not logging/saving, as ES.
@@ -538,6 +547,7 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
 
     # fp32 weights: with bf16 on, TRL/accelerate autocast and keep fp32 master weights.
     model, tokenizer = load_model(model_dir_or_ref, dtype="float32", device="cuda" if cuda else "cpu")
+    use_cache = getattr(model.config, "use_cache", True)
     theta0 = {n: p.detach().to(torch.float32) for n, p in model.named_parameters()}
     fingerprint = _fingerprint(settings, rows, theta0)
     resume = _prepare_progress(progress_dir, fingerprint, log)
@@ -580,6 +590,8 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
                            f"got {[r['iteration'] for r in metrics]}")
     trained = trainer.model
     trained.eval()
+    # Training turns the KV cache off in the config; the saved model should generate as the base did.
+    trained.config.use_cache = use_cache
     save_model(trained, tokenizer, out_dir / "model")
     write_jsonl(out_dir / "metrics.jsonl", metrics)
     last = metrics[-1]
