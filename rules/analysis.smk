@@ -88,6 +88,11 @@ def analysis_eval(wildcards):
     return analysis_eval_settings(eval_params(wildcards.model), ANALYSIS["eval"])
 
 
+def analysis_interpolation_eval(wildcards):
+    overrides = {**ANALYSIS["eval"], **ANALYSIS["interpolation_eval"]}
+    return analysis_eval_settings(eval_params(wildcards.model), overrides)
+
+
 def analysis_engine(wildcards):
     ev = eval_params(wildcards.model)
     return {k: ev[k] for k in ("dtype", "device", "batch_size") if k in ev}
@@ -289,7 +294,7 @@ rule analysis_interpolation:
         es_model=lambda wc: analysis_pair_models(wc)[0],
         grpo_model=lambda wc: analysis_pair_models(wc)[1],
         eval_tasks=lambda wc: model_tasks(wc.model),
-        eval=analysis_eval,
+        eval=analysis_interpolation_eval,
         steps=ANALYSIS["interpolation_steps"],
         multiples=ANALYSIS["scan_multiples"],
         random_seed=ANALYSIS["random_direction_seed"],

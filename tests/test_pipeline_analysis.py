@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import zlib
 
 import pandas as pd
 import pytest
@@ -18,7 +19,6 @@ from esgrpo.models import TinyLlamaSpec, build_tiny_llama, load_model, save_mode
 from esgrpo.pipeline import analysis as A
 from esgrpo.rewards import VERIFIERS
 from esgrpo.rollout import HFEngine
-from esgrpo.tasks.base import get_task
 
 TASKS = ("sum_yesno", "countdown3")
 EVAL = {"n_samples": 2, "test_size": 4, "greedy": True, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0,
@@ -28,7 +28,7 @@ WC = {"model": "tiny", "task": "sum_yesno", "run": "es-n4-s0"}
 
 def _parity(text: str, answer, meta) -> bool:
     """A grade that depends on the completion (random tiny models never solve a task)."""
-    return len(text) % 2 == 0
+    return zlib.crc32(text.encode()) % 2 == 0
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,8 @@ def ckpts(tmp_path_factory):
     """base, es (dense perturbation), grpo (perturbation of a few tensors), init (another start)
     checkpoints; task data with a completion-dependent verifier."""
     root = tmp_path_factory.mktemp("analysis")
-    rows = {t: get_task(t).loader("test", 6, 0) for t in TASKS}
+    rows = {t: [{"id": f"{t}-{i}", "prompt": [{"role": "user", "content": f"Is {i}+{i + 1}={2 * i + (i % 2)}?"}],
+                 "answer": "yes" if i % 2 == 1 else "no", "meta": {}} for i in range(6)] for t in TASKS}
     texts = [m["content"] for rs in rows.values() for r in rs for m in r["prompt"]] + [r["answer"] for rs in
                                                                                      rows.values() for r in rs]
     tokenizer = train_tokenizer(texts * 5, vocab_size=128)
@@ -137,7 +138,7 @@ def test_cosine_stage(ckpts, tmp_path):
     pairs = [{"pair": "es-grpo", "a": ckpts["es"], "b": ckpts["grpo"], "seed_b": 0},
              {"pair": "es-es", "a": ckpts["es"], "b": ckpts["es"], "seed_b": 1}]
     A.cosine_stage({}, {"csv": str(out)}, {"base_model": ckpts["base"], "pairs": pairs}, {**WC, "seed": "0"}, 1)
-    df = pd.read_csv(out, keep_default_na=False)
+    df = pd.read_csv(out)
     assert list(df.columns) == A.COSINE_COLUMNS
     base, es, grpo = _params(ckpts["base"]), _params(ckpts["es"]), _params(ckpts["grpo"])
     da = torch.cat([(es[k].double() - base[k].double()).ravel() for k in base])
@@ -173,7 +174,7 @@ def test_sparsity_stage_keep_one_is_trained_keep_zero_is_base(ckpts, tmp_path):
     params = {"base_model": ckpts["base"], "model": ckpts["es"], "method": "es", "fractions": [1.0, 0.1, 0.0],
               "eval": EVAL}
     A.sparsity_stage({"test": test, "info": info}, {"csv": str(out)}, params, WC, 1)
-    df = pd.read_csv(out, keep_default_na=False)
+    df = pd.read_csv(out)
     assert list(df.columns) == A.SPARSITY_COLUMNS
     assert df["kind"].tolist() == ["top_fraction"] * 3 + ["reset_module"] * 4
     top = df[df["kind"] == "top_fraction"].set_index("keep_fraction")
@@ -274,7 +275,8 @@ def test_interpolation_stage(ckpts, tmp_path):
 def test_schema_defaults_match_the_code():
     schema = yaml.safe_load((REPO / "schemas" / "config.schema.yaml").read_text())
     block = schema["properties"]["analysis"]["properties"]
-    for key in ("analyses", "sparsity_fractions", "interpolation_steps", "scan_multiples", "random_direction_seed"):
+    for key in ("analyses", "sparsity_fractions", "interpolation_steps", "scan_multiples", "random_direction_seed",
+                "interpolation_eval"):
         assert block[key]["default"] == A.DEFAULTS[key], key
     for sub in ("eval", "kl"):
         assert {k: v["default"] for k, v in block[sub]["properties"].items()} == A.DEFAULTS[sub]
@@ -285,11 +287,13 @@ def test_schema_defaults_match_the_code():
 
 @pytest.mark.slow
 def test_analysis_targets_dry_run(tmp_path):
-    """Every analysis target builds a DAG: on configs/ci.yaml (ES only) and with a GRPO block added."""
-    run_workflow(tmp_path / "es", REPO / "configs" / "ci.yaml", targets=["analysis_all"], dryrun=True)
+    """Every analysis target builds a DAG: on configs/ci.yaml, and with two seeds of each method
+    (cosine seed pairs) and no sequential runs."""
+    run_workflow(tmp_path / "ci", REPO / "configs" / "ci.yaml", targets=["analysis_all"], dryrun=True)
     config = yaml.safe_load((REPO / "configs" / "ci.yaml").read_text())
-    config["grpo"] = {"group_sizes": [4], "seeds": [0, 1], "settings": {"steps": 2}}
+    config.setdefault("grpo", {"group_sizes": [4], "settings": {"steps": 2}})["seeds"] = [0, 1]
     config["es"]["seeds"] = [0, 1]
-    path = tmp_path / "grpo.yaml"
+    config.pop("sequential", None)
+    path = tmp_path / "seeds.yaml"
     path.write_text(yaml.safe_dump(config))
-    run_workflow(tmp_path / "grpo", path, targets=["analysis_all"], dryrun=True)
+    run_workflow(tmp_path / "seeds", path, targets=["analysis_all"], dryrun=True)

@@ -31,6 +31,34 @@ Conventions
   seed (common random numbers), so differences between points are not sampling noise.
   The HF engine is used even when the config's eval backend is vLLM: vLLM cannot take new
   weights in place cheaply.
+
+Columns (the first ones are those the tables read; trailing ones identify the file's rows)
+- drift: model, task, run, method, name, module_type, layer (empty outside decoder layers),
+  numel, l2 = ||theta - theta0||, base_l2 = ||theta0||, init_l2 = ||theta - theta_init||,
+  relative_l2 = l2 / base_l2 (per tensor; combine with esgrpo.analysis.drift.drift_by).
+- theory (ES runs): iteration, updates (applied, non-skipped), distance (logged
+  distance_from_init: from the run's own start), sq_distance, theory_sq = alpha^2 updates d / N.
+  The JSON holds fit_sq_norm_vs_t (slope, intercept, r2, slope_ratio_to_theory), theory_slope,
+  alpha, population_size, d, normalization (the theory assumes z-scores), final_ratio
+  (final distance / theory distance). Reads metrics.jsonl and summary.json only.
+- cosine: scope (global | layer | module_type), key (all | layer index or "none" for tensors
+  outside the layers | module type), cosine, pair (es-grpo; es-es and grpo-grpo compare seed
+  with the next configured seed), model, task, seed, seed_b, norm_a, norm_b, numel.
+- sparsity: kind (top_fraction | reset_module), keep_fraction (NaN for reset_module),
+  module_type (empty for top_fraction), n_kept (changed coordinates still moved), n_changed,
+  greedy, mean@n, pass@1, pass@kmax (k = n_samples), n_samples, n_prompts, model, task, run,
+  method. Evaluated on the run's own task.
+- kl: eval_task, token_mean, prompt_mean, sequence_mean, n_tokens, n_sequences, n_prompts,
+  model, task, run, method. KL(base || run) per completion token, full vocabulary, on
+  continuations sampled once from the base (``base_samples``), under the raw (untempered)
+  next-token distributions of both models.
+- interpolation: path, lam, step, eval_task, greedy, mean@n, pass@1, pass@kmax, n_samples,
+  n_prompts, model, task, seed. For es-grpo / base-es / base-grpo lam is the interpolation
+  coefficient; for dir-es / dir-grpo / dir-random it is the distance in units of ||dES||
+  (``scan_multiples``). ``step`` is always the L2 distance from theta0 (signed for scans).
+  The JSON beside it: norm_es, norm_grpo, cosine and ``barriers`` = records path, eval_task,
+  metric (greedy | mean@n), barrier_height (esgrpo.analysis.interpolation.barrier_height),
+  start, end, min, for the three lam paths (a barrier is not defined for the scans).
 """
 
 from __future__ import annotations
@@ -64,6 +92,7 @@ DEFAULTS: dict = {
     "scan_multiples": [-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0],
     "random_direction_seed": 0,
     "eval": {"n_samples": 8, "test_size": 64, "greedy": True},
+    "interpolation_eval": {},  # overrides of `eval` for the interpolation/scan points only
     "kl": {"n_prompts": 32, "samples_per_prompt": 4, "temperature": 1.0, "top_p": 1.0,
            "max_new_tokens": None, "seed": 0, "batch_size": 16},
 }
@@ -385,7 +414,7 @@ def _continuation_logits(model, batch: list[tuple[list[int], list[int]]], pad_id
     first = torch.tensor([len(p) - 1 for p, _ in batch]).unsqueeze(1)
     last = torch.tensor([len(p) + len(c) - 1 for p, c in batch]).unsqueeze(1)
     mask = (pos >= first) & (pos < last)
-    return logits.float().cpu(), mask
+    return logits.float(), mask.to(logits.device)
 
 
 def kl_on_samples(model_p, model_q, samples: Sequence[Mapping], pad_id: int, batch_size: int = 16) -> dict:
@@ -398,9 +427,9 @@ def kl_on_samples(model_p, model_q, samples: Sequence[Mapping], pad_id: int, bat
         batch = [(p, c) for _, p, c in chunk]
         lp, mask = _continuation_logits(model_p, batch, pad_id)
         lq, _ = _continuation_logits(model_q, batch, pad_id)
-        s, n = per_sequence_kl(token_kl(lp, lq, mask), mask)
-        sums.append(s)
-        counts.append(n)
+        s, n = per_sequence_kl(token_kl(lp, lq.to(lp.device), mask), mask)
+        sums.append(s.cpu())
+        counts.append(n.cpu())
         ids += [sid for sid, _, _ in chunk]
     return sequence_kl_stats(torch.cat(sums), torch.cat(counts), ids)
 

