@@ -1425,8 +1425,10 @@ def claim_estimates(data: Data) -> dict[str, dict]:
         c = changes[changes["method"] == method]["relative_change"] if not changes.empty else []
         if len(c):
             put(cid, ci_values(c), budget="iterations (whole run)", n=len(c))
-        else:
+        elif not setup["has_es" if method == "ES" else "has_grpo"]:
             none(cid, f"config has no {method} runs")
+        else:
+            none(cid, f"no {method} training curve logs an entropy")
 
     js = js_gain_frame(data)
     if len(js) >= 3:

@@ -1,0 +1,261 @@
+"""The SLURM profile, checked against a fake SLURM (sbatch records its arguments), and the
+workstation GPU slots (esgrpo.gpu_slots)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+from esgrpo.gpu_slots import SLOTS_ENV, acquire, gpu_slots, parse_slots
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "profiles" / "slurm"
+ES_RUN, GRPO_RUN = "es-n32-s0", "grpo-g8-s0"
+
+
+def profile() -> dict:
+    return yaml.safe_load((PROFILE / "config.yaml").read_text())
+
+
+def resource(rule: str, name: str, model: str, run: str = ES_RUN, attempt: int = 1):
+    """A set-resources value as Snakemake evaluates it (expressions see wildcards and attempt)."""
+    value = profile()["set-resources"][rule][name]
+    if not isinstance(value, str):
+        return value
+    wildcards = types.SimpleNamespace(model=model, run=run, task="gsm8k")
+    return eval(value, {"wildcards": wildcards, "attempt": attempt, "threads": 8})
+
+
+# --------------------------------------------------------------------------- the profile itself
+
+
+def test_profile_keys_are_real_flags():
+    from snakemake_executor_plugin_slurm import ExecutorSettings
+
+    p = profile()
+    assert p["executor"] == "slurm" and p["slurm-requeue"] is True
+    assert "requeue" in ExecutorSettings.__dataclass_fields__  # --slurm-requeue
+    assert p["retries"] >= 1 and "cores" not in p  # no cores on a login node
+    assert "resources" not in p  # a global gpu limit would throttle the cluster (SNAKEMAKE.md)
+    # Snakemake formats its error message for runtime / mem values with str.format: no braces there.
+    for rule, values in p["set-resources"].items():
+        for name in ("runtime", "mem_mb"):
+            assert "{" not in str(values.get(name, "")), (rule, name)
+    # every rule named in the profile exists in the workflow
+    text = "\n".join(path.read_text() for path in (REPO / "rules").glob("*.smk"))
+    for rule in p["set-resources"]:
+        assert f"rule {rule}:" in text, rule
+
+
+def test_resources_follow_model_method_and_attempt():
+    assert resource("train_run", "gpu", "qwen3_4b", ES_RUN) == 4
+    assert resource("train_run", "gpu", "qwen3_4b", "cl_es-s0-k3") == 4
+    assert resource("train_run", "gpu", "qwen3_4b", "grpo-then-es-s0") == 4
+    assert resource("train_run", "gpu", "qwen3_4b", GRPO_RUN) == 1
+    assert resource("train_run", "gpu", "qwen3_4b", "es-then-grpo-s0") == 1
+    assert resource("train_run", "gpu", "tiny", ES_RUN) == 1
+    assert resource("train_run", "gpu_model", "qwen2_5_7b", GRPO_RUN) == "h200"
+    assert resource("train_run", "gpu_model", "qwen2_5_7b", ES_RUN) == ""
+    assert resource("train_run", "gpu_model", "qwen2_5_1_5b", GRPO_RUN) == ""
+    for rule in ("train_run", "eval_run", "eval_base"):
+        one, two = resource(rule, "mem_mb", "qwen2_5_7b"), resource(rule, "mem_mb", "qwen2_5_7b", attempt=2)
+        assert two == 2 * one > 0
+        assert resource(rule, "runtime", "qwen2_5_7b", attempt=3) == 3 * resource(rule, "runtime", "qwen2_5_7b")
+    assert resource("train_run", "mem_mb", "qwen2_5_7b") > resource("train_run", "mem_mb", "qwen2_5_1_5b")
+    # every paper model has its own sizes
+    for config in ("paper_a", "paper_b"):
+        for model in yaml.safe_load((REPO / "configs" / f"{config}.yaml").read_text())["models"]:
+            assert resource("train_run", "mem_mb", model) > resource("train_run", "mem_mb", "unknown"), model
+            assert resource("train_run", "gpu", model, ES_RUN) > 1, model
+
+
+# --------------------------------------------------------------------------- a fake SLURM
+
+SBATCH = """\
+#!{python}
+import json, os, sys
+log = os.environ["FAKE_SLURM_LOG"]
+with open(log, "a") as handle:
+    handle.write(json.dumps(sys.argv[1:]) + "\\n")
+with open(log) as handle:
+    count = sum(1 for _ in handle)
+print(f"Submitted batch job {{1000 + count}}")
+"""
+
+
+@pytest.fixture
+def fake_slurm(tmp_path):
+    """sbatch records its arguments; squeue/sacct/scancel/sinfo answer nothing; scontrol a config."""
+    bin_dir = tmp_path / "fakebin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(SBATCH.format(python=sys.executable))
+    for tool in ("squeue", "sacct", "scancel", "sinfo", "sacctmgr", "sshare"):
+        (bin_dir / tool).write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "MinJobAge = 300 sec"\necho "MaxArraySize = 1001"\n')
+    for path in bin_dir.iterdir():
+        path.chmod(0o755)
+    return bin_dir, tmp_path / "sbatch.jsonl"
+
+
+def submit(fake_slurm, workdir: Path, configfile: Path, wanted: int, jobs: int, timeout: float = 240.0):
+    """Run the workflow with the SLURM profile until `wanted` jobs were submitted; return {comment: args}."""
+    bin_dir, log = fake_slurm
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM_LOG": str(log)}
+    env.pop("SLURM_JOB_ID", None)
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--workflow-profile",
+           str(PROFILE), "--jobs", str(jobs), "--directory", str(workdir), f"--configfile={configfile}"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if log.exists() and len(log.read_text().splitlines()) >= wanted:
+                time.sleep(2)  # let the submission threads finish the ones in flight
+                break
+            time.sleep(1)
+    finally:
+        # The executor polls forever for jobs that never run: stop the process group we started.
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        output = proc.communicate()[0].decode(errors="replace")
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    assert len(calls) >= wanted, output[-4000:]
+    return {args[args.index("--comment") + 1]: args for args in calls}
+
+
+def flag(args: list[str], name: str) -> str | None:
+    """Value of `--name value`, `--name=value` or the short form in an sbatch call."""
+    for i, arg in enumerate(args):
+        if arg == name:
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+@pytest.mark.slow
+def test_cpu_jobs_are_submitted_to_the_cpu_partition(fake_slurm, tmp_path):
+    calls = submit(fake_slurm, tmp_path / "wd", REPO / "configs" / "ci.yaml", wanted=2, jobs=2)
+    prepare = [args for comment, args in calls.items() if comment.startswith("rule_prepare_task_")]
+    assert prepare, calls.keys()
+    for args in prepare:
+        assert flag(args, "-p") == "cpu"
+        assert flag(args, "--mem") == "16000" and flag(args, "-t") == "60"
+        assert "--requeue" in args and flag(args, "--cpus-per-task") == "1"
+        assert flag(args, "--gpus") is None and flag(args, "--gres") is None
+
+
+def _fake_task_data(workdir: Path, tasks: list[str]) -> None:
+    """Outputs of prepare_task, so the GPU jobs downstream are ready at once."""
+    for task in tasks:
+        folder = workdir / "results" / "data" / task
+        folder.mkdir(parents=True)
+        for name in ("train.jsonl", "test.jsonl"):
+            (folder / name).write_text("")
+        (folder / "info.json").write_text(json.dumps({"task": task, "verifier": "math"}))
+
+
+@pytest.mark.slow
+def test_gpu_jobs_of_paper_b_get_gpus_memory_runtime_and_partition(fake_slurm, tmp_path):
+    workdir = tmp_path / "wd"
+    config = yaml.safe_load((REPO / "configs" / "paper_b.yaml").read_text())
+    _fake_task_data(workdir, list(config["tasks"]))
+    # ready at once: 5 base evaluations and every run that starts from a Hub model
+    calls = submit(fake_slurm, workdir, REPO / "configs" / "paper_b.yaml", wanted=30, jobs=100)
+
+    def one(rule: str, wildcards: str) -> list[str]:
+        matches = [a for c, a in calls.items() if c.startswith(f"rule_{rule}_") and wildcards in c]
+        assert matches, (rule, wildcards, sorted(calls))
+        return matches[0]
+
+    es = one("train_run", "qwen2_5_7b_gsm8k_es-n32-s0")
+    assert flag(es, "-p") == "gpu" and flag(es, "--gpus") == "4" and flag(es, "--cpus-per-gpu") == "8"
+    assert flag(es, "--mem") == "160000" and flag(es, "-t") == "300" and "--requeue" in es
+    grpo = one("train_run", "qwen2_5_7b_gsm8k_grpo-g8-s0")
+    assert flag(grpo, "--gpus") == "h200:1" and flag(grpo, "-t") == "1200"
+    small = one("train_run", "qwen2_5_1_5b_gsm8k_grpo-g8-s0")
+    assert flag(small, "--gpus") == "1" and flag(small, "--mem") == "48000"
+    ev = one("eval_base", "r1_distill_1_5b")
+    assert flag(ev, "-p") == "gpu" and flag(ev, "--gpus") == "1" and flag(ev, "-t") == "240"
+    assert flag(ev, "--mem") == "64000"
+    for args in calls.values():  # the plugin never gets both --gres and --gpus, nor a CPU count per task on GPU jobs
+        assert not (flag(args, "--gres") and flag(args, "--gpus"))
+        if flag(args, "--gpus"):
+            assert flag(args, "--cpus-per-task") is None
+
+
+# --------------------------------------------------------------------------- GPU slots on a workstation
+
+
+def test_parse_slots():
+    assert parse_slots("0, 1,3") == ["0", "1", "3"]
+    assert parse_slots("GPU-1a2b") == ["GPU-1a2b"]
+    with pytest.raises(ValueError, match="twice"):
+        parse_slots("0,0")
+    with pytest.raises(ValueError, match="device id"):
+        parse_slots("0;1")
+
+
+def test_slots_are_exclusive_and_all_or_nothing(tmp_path):
+    a = acquire(1, ["0", "1", "2"], tmp_path)
+    b = acquire(2, ["0", "1", "2"], tmp_path)
+    assert sorted(a.devices + b.devices) == ["0", "1", "2"]
+    with pytest.raises(TimeoutError):
+        acquire(1, ["0", "1", "2"], tmp_path, timeout=0.2, poll=0.05)
+    b.release()
+    with pytest.raises(TimeoutError):  # two free, three wanted: waits without keeping a partial grab
+        acquire(3, ["0", "1", "2"], tmp_path, timeout=0.2, poll=0.05)
+    c = acquire(2, ["0", "1", "2"], tmp_path, timeout=1)
+    assert set(c.devices) == {"0", "1", "2"} - set(a.devices)
+    with pytest.raises(ValueError, match="offers 3"):
+        acquire(4, ["0", "1", "2"], tmp_path)
+    a.release()
+    c.release()
+
+
+def test_a_killed_holder_frees_its_slot(tmp_path):
+    code = textwrap.dedent(f"""
+        import sys, time
+        from esgrpo.gpu_slots import acquire
+        lease = acquire(1, ["7"], {str(tmp_path)!r})
+        print("held", flush=True)
+        time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        with pytest.raises(TimeoutError):
+            acquire(1, ["7"], tmp_path, timeout=0.2, poll=0.05)
+    finally:
+        proc.kill()
+        proc.wait()
+    acquire(1, ["7"], tmp_path, timeout=5, poll=0.05).release()
+
+
+def test_gpu_slots_sets_and_restores_cuda_visible_devices(tmp_path):
+    env = {"CUDA_VISIBLE_DEVICES": "old"}
+    with gpu_slots(1, env=env, lock_dir=tmp_path) as devices:  # no ESGRPO_GPU_SLOTS: nothing happens
+        assert devices is None and env == {"CUDA_VISIBLE_DEVICES": "old"}
+    env[SLOTS_ENV] = "2,3"
+    with gpu_slots(0, env=env, lock_dir=tmp_path) as devices:  # a CPU job
+        assert devices is None and env["CUDA_VISIBLE_DEVICES"] == "old"
+    with gpu_slots(2, env=env, lock_dir=tmp_path) as devices:
+        assert devices == ["2", "3"] and env["CUDA_VISIBLE_DEVICES"] == "2,3"
+        with pytest.raises(TimeoutError):
+            with gpu_slots(1, env=dict(env), lock_dir=tmp_path, timeout=0.2, poll=0.05):
+                pass
+    assert env["CUDA_VISIBLE_DEVICES"] == "old"
+    del env["CUDA_VISIBLE_DEVICES"]
+    with gpu_slots(1, env=env, lock_dir=tmp_path) as devices:
+        assert env["CUDA_VISIBLE_DEVICES"] == devices[0]
+    assert "CUDA_VISIBLE_DEVICES" not in env
