@@ -150,6 +150,23 @@ def test_normalisations():
         normalize_fitness([0.1, float("nan")])
 
 
+@pytest.mark.parametrize("changes, field", [
+    ({"population_size": 1}, "population_size"),
+    ({"population_size": 7, "antithetic": True}, "population_size"),
+    ({"sigma": 0.0}, "sigma"),
+    ({"sigma": True}, "sigma"),
+    ({"population_size": 8.0}, "population_size"),
+    ({"sigma": -1e-3}, "sigma"),
+    ({"alpha": 0}, "alpha"),
+    ({"iterations": -1}, "iterations"),
+    ({"normalization": "minmax"}, "normalization"),
+    ({"fitness_top_p": 0.0}, "fitness_top_p"),
+    ({"fitness_temperature": -0.5}, "fitness_temperature"),
+    ({"reward_scheme": "dense"}, "reward_scheme"),
+    ({"trainable": []}, "trainable"),
+    ({"seed": -3}, "seed"),
+    ({"prompts_per_iteration": 0}, "prompts_per_iteration"),
+])
 def test_bad_settings_name_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
         ESConfig(**changes)
