@@ -180,9 +180,9 @@ def test_gpu_jobs_of_paper_b_get_gpus_memory_runtime_and_partition(fake_slurm, t
 
     es = one("train_run", "qwen2_5_7b_gsm8k_es-n32-s0")
     assert flag(es, "-p") == "gpu" and flag(es, "--gpus") == "4" and flag(es, "--cpus-per-gpu") == "8"
-    assert flag(es, "--mem") == "160000" and flag(es, "-t") == "300" and "--requeue" in es
+    assert flag(es, "--mem") == "160000" and flag(es, "-t") == "240" and "--requeue" in es
     grpo = one("train_run", "qwen2_5_7b_gsm8k_grpo-g8-s0")
-    assert flag(grpo, "--gpus") == "h200:1" and flag(grpo, "-t") == "1200"
+    assert flag(grpo, "--gpus") == "h200:1" and flag(grpo, "-t") == "720"
     small = one("train_run", "qwen2_5_1_5b_gsm8k_grpo-g8-s0")
     assert flag(small, "--gpus") == "1" and flag(small, "--mem") == "48000"
     ev = one("eval_base", "r1_distill_1_5b")

@@ -31,13 +31,15 @@ What the forward does differently from transformers, all exact rewrites of the s
 - padded keys get a large FINITE negative score, so a row with no valid key (a pad query)
   gets a uniform softmax instead of NaN; such rows never feed a real token.
 
-Where the time goes (2-core AMD EPYC, 1 thread, N=16, B=32): at this size the batched step is
-not Python-bound any more (~100 ops per step); it is bound by matmuls with only B rows per
-member (M=32: roughly half the FLOP/s of a large square matmul, as each member's weights are
-streamed for 32 rows) and by the per-(row, kv head) attention matmuls, which are tiny
-(1-2 x head_dim x context) and numerous (N * B * kv_heads), so MKL's per-matrix cost dominates
-them. Alternatives measured and dropped: sdpa (slower for one query), grouped conv1d,
-elementwise attention, MKL packed weights, oneDNN linear, merging kv heads per row.
+Where the time goes (2-core AMD EPYC, 1 thread, N=16, B=32; `benchmarks/es_throughput.py`):
+the batched step is no longer Python-bound (~100 ops per step). On the 0.2M model a decode step
+is ~45% attention (the per-(row, kv head) matmuls are tiny, 2 x head_dim x context, and
+numerous, N * B * kv_heads, so MKL's per-matrix cost dominates) and ~40% projections; on the
+4M model it is ~80% projections, matmuls with only B = 32 rows per member (about two thirds of
+the FLOP/s of a large square matmul in isolation). Measured and dropped: sdpa (slower for one
+query), grouped conv1d and elementwise attention, merging kv heads per row, MKL-packed weights,
+oneDNN linear, nn.Linear-layout (transposed) weights, gate/up or column-chunked MLP matmuls,
+running members in cache-sized groups, flush-to-zero.
 """
 
 from __future__ import annotations
