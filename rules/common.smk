@@ -26,16 +26,23 @@ def model_tasks(model):
     return config["models"][model]["tasks"]
 
 
+def base_model_is_built(model):
+    """Built here: the offline default, or a GGUF model converted once to HF layout."""
+    spec = config["models"][model]
+    return spec["source"] == "default" or bool(spec.get("gguf_file"))
+
+
 def base_model_files(wildcards):
     """The built base checkpoint, when the model is built here (not a Hub id or a folder)."""
-    if config["models"][wildcards.model]["source"] == "default":
+    if base_model_is_built(wildcards.model):
         return f"{RESULTS}/{wildcards.model}/base/model"
     return []
 
 
 def base_model_ref(wildcards):
-    source = config["models"][wildcards.model]["source"]
-    return f"{RESULTS}/{wildcards.model}/base/model" if source == "default" else source
+    if base_model_is_built(wildcards.model):
+        return f"{RESULTS}/{wildcards.model}/base/model"
+    return config["models"][wildcards.model]["source"]
 
 
 def eval_params(model):

@@ -416,6 +416,37 @@ def test_vllm_engine_generate_with_a_stand_in_llm(monkeypatch):
     assert per_prompt[0]["correct"] == 2
 
 
+def test_es_engine_builds_vllm_without_prefix_caching(monkeypatch):
+    """Perturbing weights in place invalidates cached prompt KV: the ES engine turns prefix caching off."""
+    from esgrpo.vllm_es import WORKER_EXTENSION, VLLMESEngine
+
+    built = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            built.update(kwargs)
+            self.rpcs = []
+
+        def collective_rpc(self, method, args=()):
+            self.rpcs.append((method, args))
+            return [{"tensors": 1}]
+
+        def generate(self, prompts, params, use_tqdm=False):
+            self.rpcs.append(("generate", len(prompts)))
+            comp = types.SimpleNamespace(text="t", token_ids=[1, 2])
+            return [types.SimpleNamespace(outputs=[comp]) for _ in prompts]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=dict))
+    engine = VLLMESEngine("m", trainable=["*mlp*"])
+    assert built["enable_prefix_caching"] is False and built["worker_extension_cls"] == WORKER_EXTENSION
+    assert built["tensor_parallel_size"] == 1 and engine.info == {"tensors": 1}
+    out = engine.evaluate_member(5, -1.0, 0.01, [[1], [2]], {"temperature": 0.0, "max_tokens": 4}, None)
+    assert out == [("t", 2), ("t", 2)]
+    # perturb, generate, then restore, in that order
+    assert [r[0] for r in engine.llm.rpcs] == ["es_init", "es_perturb", "generate", "es_restore"]
+    assert engine.llm.rpcs[1][1] == (5, 0.01, -1.0)
+
+
 # --------------------------------------------------------------------------- real vLLM (GPU machines only)
 
 

@@ -337,7 +337,9 @@ class VLLMESEngine:
                  trainable: Sequence[str] = ("*",), llm_kwargs: Mapping[str, Any] | None = None):
         from vllm import LLM
 
-        kwargs = {"gpu_memory_utilization": 0.6, "enforce_eager": False, **dict(llm_kwargs or {})}
+        # Prefix caching would hand member n+1 the prompt KV computed under member n's weights:
+        # off by default (perturbing weights in place invalidates every cached block).
+        kwargs = {"gpu_memory_utilization": 0.6, "enable_prefix_caching": False, **dict(llm_kwargs or {})}
         self.llm = LLM(model=str(model_ref), dtype=dtype, seed=int(seed), tensor_parallel_size=1,
                        worker_extension_cls=WORKER_EXTENSION, **kwargs)
         self.info = self.rpc("es_init", list(trainable))
@@ -469,6 +471,7 @@ def export_hf_checkpoint(pool: VLLMESPool, model_ref: str, out_dir: str | os.Pat
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is read by other users' analyses
     try:
         copy_model_metadata(model_ref, tmp, dtype)
         pool.rpc_one("es_export_hf", str(tmp / "model.safetensors"), dtype)

@@ -444,26 +444,41 @@ def matched_rows(metrics: pd.DataFrame, variants: Sequence[str], column: str = "
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=cols)
 
 
+def _steps(iterations: Iterable[float]) -> str:
+    return "/".join(str(int(i)) for i in sorted(set(iterations)))
+
+
 def budget_rows(metrics: pd.DataFrame, variants: Sequence[str], value: str, label: str,
                 keys: Sequence[str] = ("model", "task")) -> list[dict]:
-    """Training-curve `value` of each variant: at the final step (budget "iterations") and at
-    matched rollouts and generated tokens."""
+    """Training-curve `value` of each variant: at its final step (budget "iterations") and at
+    matched rollouts and generated tokens (see :func:`matched_rows`). ``at_step`` says which
+    logged step each value comes from; a variant whose first step already exceeds the matched
+    budget gets a NaN value and says so."""
     rows = []
     m = metrics[metrics["variant"].isin(variants)].dropna(subset=[value])
+    metric = f"{label} (train curve)"
     for key, g in m.groupby([*keys, "variant"], sort=True):
         final = g.sort_values("iteration").groupby("run").tail(1)
-        its = "/".join(str(int(i)) for i in sorted(set(final["iteration"])))
         rows.append(stat(dict(zip([*keys, "variant"], key, strict=True)), ci_values(final[value]),
-                         method=g["method"].iloc[0], budget="iterations", matched_at=f"final step ({its})",
-                         metric=f"{label} (train curve)", n_seeds=g["seed"].nunique()))
+                         method=g["method"].iloc[0], budget="iterations", matched_at="final step",
+                         at_step=_steps(final["iteration"]), metric=metric, n_seeds=g["seed"].nunique()))
     for column in BUDGETS:
         sel = matched_rows(m, variants, column)
-        for key, g in sel.groupby([*keys, "variant"], sort=True):
-            steps = "/".join(str(int(i)) for i in sorted(set(g["iteration"])))
-            rows.append(stat(dict(zip([*keys, "variant"], key, strict=True)), ci_values(g[value]),
-                             method=g["method"].iloc[0], budget=column,
-                             matched_at=f"{column} <= {int(g['matched_at'].iloc[0])} (step {steps})",
-                             metric=f"{label} (train curve)", n_seeds=g["seed"].nunique()))
+        for key, g in m.dropna(subset=[column]).groupby(list(keys), sort=True):
+            if g["variant"].nunique() < 2:
+                continue
+            budget = g.groupby("run")[column].max().min()
+            for variant, gv in g.groupby("variant", sort=True):
+                chosen = sel[(sel["variant"] == variant)
+                             & np.logical_and.reduce([sel[k] == v for k, v in zip(keys, key, strict=True)])]
+                base = {**dict(zip(keys, key, strict=True)), "variant": variant}
+                common = {"method": gv["method"].iloc[0], "budget": column, "matched_at": f"{column} <= {int(budget)}",
+                          "metric": metric, "n_seeds": gv["seed"].nunique()}
+                if chosen.empty:
+                    rows.append(stat(base, (math.nan,) * 3, **common,
+                                     at_step=f"none: first step uses {int(gv[column].min())}"))
+                else:
+                    rows.append(stat(base, ci_values(chosen[value]), **common, at_step=_steps(chosen["iteration"])))
     return rows
 
 
@@ -531,8 +546,11 @@ def wide(long: pd.DataFrame, index: Sequence[str], columns: str = "method", orde
     """A display pivot of a long table: one text cell "mean [lo, hi]" per (index, column)."""
     if long.empty:
         return long
-    cell = long.assign(_cell=[fmt_ci(m, lo, hi) for m, lo, hi in
-                              zip(long["value"], long["value_lo"], long["value_hi"], strict=True)])
+    cells = [fmt_ci(m, lo, hi) for m, lo, hi in zip(long["value"], long["value_lo"], long["value_hi"], strict=True)]
+    if "at_step" in long:  # budget rows: say which logged step each value comes from
+        cells = [c if pd.isna(s) or s == "" else (f"{c} (step {s})" if c != "n/a" else f"n/a ({s})")
+                 for c, s in zip(cells, long["at_step"], strict=True)]
+    cell = long.assign(_cell=cells)
     table = cell.pivot_table(index=list(index), columns=columns, values="_cell", aggfunc="first", sort=False)
     present = [c for c in order if c in table.columns] + [c for c in table.columns if c not in order]
     table = table[present].fillna("").reset_index()
@@ -589,8 +607,12 @@ def _order(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     if "method" in df:
         df["_m"] = df["method"].map(lambda m: METHOD_ORDER.index(m) if m in METHOD_ORDER else 99)
         by = [c if c != "method" else "_m" for c in by]
+    if "budget" in df:
+        order = ["iterations", *BUDGETS]
+        df["_b"] = df["budget"].map(lambda b: order.index(b) if b in order else 99)
+        by = [c if c != "budget" else "_b" for c in by]
     lead = [c for c in ["model", "task", "budget", "metric", "method", "variant"] if c in df]
-    rest = [c for c in df.columns if c not in lead and c not in ("value", "value_lo", "value_hi", "_m")]
+    rest = [c for c in df.columns if c not in lead and c not in ("value", "value_lo", "value_hi", "_m", "_b")]
     return df.sort_values([c for c in by if c in df], kind="stable")[
         [*lead, *rest, "value", "value_lo", "value_hi"]].reset_index(drop=True)
 
@@ -1195,19 +1217,18 @@ def build_b_population(data: Data) -> pd.DataFrame:
         out.loc[(out["model"] == model) & (out["population"] == best), "smallest_sufficient"] = True
     # each population's curve at the smallest total rollouts of the sweep
     m_es = m[m["kind"].isin(["es", "es_pop"])]
-    sel = matched_rows(m_es, sorted(set(m_es["variant"])), "rollouts")
-    extra = []
-    for (model, task, _variant), g in sel.groupby(["model", "task", "variant"], sort=True):
-        extra.append(stat({"model": model, "task": task, "population": run_labels(g["run"].iloc[0])["population"]},
-                          ci_values(g["fitness_mean"]), budget="rollouts",
-                          matched_at=f"rollouts <= {int(g['matched_at'].iloc[0])}",
-                          iterations=int(g["iteration"].mean()), rollouts=float(g["rollouts"].mean()),
-                          n_seeds=g["seed"].nunique(), smallest_sufficient=None))
+    extra = [{**r, "population": run_labels(f"{r['variant']}-s0")["population"], "smallest_sufficient": None}
+             for r in budget_rows(m_es, sorted(set(m_es["variant"])), "fitness_mean", "train reward")
+             if r["budget"] == "rollouts"]
     if extra:
         out = pd.concat([out, pd.DataFrame(extra)], ignore_index=True)
     out["population"] = out["population"].astype(int)
-    cols = ["model", "task", "budget", "matched_at", "population", "iterations", "rollouts", "n_seeds",
+    if "at_step" not in out:
+        out["at_step"] = None
+    out["at_step"] = out["at_step"].where(out["budget"] == "rollouts", out["iterations"].astype(str))
+    cols = ["model", "task", "budget", "matched_at", "population", "at_step", "total_rollouts", "n_seeds",
             "smallest_sufficient", "value", "value_lo", "value_hi"]
+    out = out.rename(columns={"rollouts": "total_rollouts"})
     return out[cols].sort_values(["model", "budget", "population"], kind="stable").reset_index(drop=True)
 
 
