@@ -263,7 +263,7 @@ def test_rollout_matched_rows_in_a_table(synthetic):
     rows = table[(table["budget"] == "rollouts") & (table["task"] == "sum_yesno")].set_index("method")
     # ES 64 rollouts/iteration, GRPO 50/step, 10 steps: matched at 500 -> ES iteration 7, GRPO step 10
     assert (rows["matched_at"] == "rollouts <= 500").all()
-    assert rows.loc["ES", "at_step"] == "7" and rows.loc["GRPO", "at_step"] == "10"
+    assert int(rows.loc["ES", "at_step"]) == 7 and int(rows.loc["GRPO", "at_step"]) == 10
     assert "(step 7)" in Path(build(root, "a_accuracy", analysis)["md"]).read_text()
     assert rows.loc["ES", "value"] == pytest.approx(0.3 + 0.03 * 7)
     assert rows.loc["GRPO", "value"] == pytest.approx(0.3 + 0.04 * 10)

@@ -41,7 +41,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from esgrpo.io import write_json, write_jsonl
+from esgrpo.io import dataclass_from_dict, write_json, write_jsonl
 from esgrpo.metrics import population_js_diversity
 
 __all__ = [
@@ -161,13 +161,7 @@ class ESConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ESConfig:
         """Build from a plain mapping (a config section); unknown keys are an error, not ignored."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"ES settings must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown ES setting(s) {unknown}; allowed: {sorted(known)}")
-        return cls(**dict(d))
+        return dataclass_from_dict(cls, d, "ES")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

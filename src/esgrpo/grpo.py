@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from esgrpo.io import read_jsonl, write_json, write_jsonl
+from esgrpo.io import dataclass_from_dict, read_jsonl, write_json, write_jsonl
 from esgrpo.rewards import SCHEMES, VERIFIERS, reward
 
 __all__ = [
@@ -169,13 +169,7 @@ class GRPOSettings:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GRPOSettings:
         """Build from a plain mapping (a config section); unknown keys are an error, not ignored."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"GRPO settings must be a mapping, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"unknown GRPO setting(s) {unknown}; allowed: {sorted(known)}")
-        return cls(**dict(d))
+        return dataclass_from_dict(cls, d, "GRPO")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
