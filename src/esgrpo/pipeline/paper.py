@@ -1402,11 +1402,12 @@ def claim_estimates(data: Data) -> dict[str, dict]:
         none("b_drift_ratio", "no drift analyses in this workflow")
 
     theory = data.analysis("theory")
-    ratios = [r for r in theory_ratios(theory)["ratio"]] if not theory.empty else []
+    fits = theory_ratios(theory) if not theory.empty else pd.DataFrame(columns=["ratio", "applies"])
+    ratios = fits.loc[fits["applies"].astype(bool), "ratio"].tolist()
     if ratios:
         put("a_norm_theory", ci_values(ratios), budget="per logged update", n=len(ratios))
     else:
-        none("a_norm_theory", "no ES norm-theory analyses in this workflow")
+        none("a_norm_theory", "no norm-theory analyses of z-scored one-sided ES runs in this workflow")
 
     interp = data.analysis("interpolation")
     if not interp.empty and "path" in interp and (interp["path"] == "es-grpo").any():
@@ -1501,8 +1502,13 @@ def claim_estimates(data: Data) -> dict[str, dict]:
     return out
 
 
+# runs the alpha*sqrt(T d/N) theory is about: z-scored fitness (sum z^2 = N), independent members
+ZSCORE_ONE_SIDED = {"es", "es_pop", "cl_es", "grpo->es"}
+
+
 def theory_ratios(theory: pd.DataFrame) -> pd.DataFrame:
-    """Per ES run: slope of sq_distance vs updates divided by the slope of theory_sq vs updates."""
+    """Per ES run: slope of sq_distance vs updates divided by the slope of theory_sq vs updates, and
+    ``applies`` = the run is z-scored and one-sided (rank / raw / antithetic runs break sum z^2 = N)."""
     rows = []
     for (model, task, run), g in theory.groupby(["model", "task", "run"]):
         g = g.dropna(subset=["sq_distance", "theory_sq"])
@@ -1512,8 +1518,9 @@ def theory_ratios(theory: pd.DataFrame) -> pd.DataFrame:
         slope = np.polyfit(x, g["sq_distance"].to_numpy(float), 1)[0]
         theory_slope = np.polyfit(x, g["theory_sq"].to_numpy(float), 1)[0]
         if theory_slope > 0:
-            rows.append({"model": model, "task": task, "run": run, "ratio": slope / theory_slope})
-    return pd.DataFrame(rows, columns=["model", "task", "run", "ratio"])
+            rows.append({"model": model, "task": task, "run": run, "ratio": slope / theory_slope,
+                         "applies": g["run_kind"].iloc[0] in ZSCORE_ONE_SIDED})
+    return pd.DataFrame(rows, columns=["model", "task", "run", "ratio", "applies"])
 
 
 def js_gain_frame(data: Data) -> pd.DataFrame:
@@ -1700,20 +1707,25 @@ def figure_es_norm_theory(input, output, params, wildcards, threads):
         return placeholder(output, "ES norm vs theory", "no norm-theory analyses")
     sns = _sns()
     x = "updates" if "updates" in th else "iteration"
-    ratios = theory_ratios(th).set_index("run")["ratio"].to_dict()
+    fits = theory_ratios(th)
+    ratio = {(m, t, r): v for m, t, r, v in zip(fits["model"], fits["task"], fits["run"], fits["ratio"], strict=True)}
+    applies = fits.loc[fits["applies"].astype(bool), "ratio"]
 
     def draw(fig, axes):
         ax = axes[0, 0]
-        th2 = th.assign(label=th["task"] + "/" + th["run"])
+        th2 = th.assign(label=[f"{t}/{r} (x{ratio.get((m, t, r), math.nan):.2f})" + (
+            "" if k in ZSCORE_ONE_SIDED else ", theory n/a") for m, t, r, k in
+            zip(th["model"], th["task"], th["run"], th["run_kind"], strict=True)])
         sns.scatterplot(data=th2, x=x, y="sq_distance", hue="label", ax=ax, s=25)
-        for _label, g in th2.groupby("label"):
+        for _label, g in th2[th2["run_kind"].isin(ZSCORE_ONE_SIDED)].groupby("label"):
             ax.plot(g[x], g["theory_sq"], ls="--", lw=1, color="black")
         ax.set_ylabel("||theta_t - theta_0||^2")
         ax.set_xlabel("ES updates T")
-        ax.set_title("dashed: alpha^2 T d / N; slope ratios " +
-                     ", ".join(f"{r:.2f}" for r in list(ratios.values())[:4]))
+        summary = f"median slope ratio {applies.median():.2f}" if len(applies) else "no z-scored runs"
+        ax.set_title(f"dashed: alpha^2 T d / N (z-scored runs); {summary}")
+        ax.legend(title="run (slope / theory)", bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=7)
 
-    _figure(output, draw, size=(5.5, 4))
+    _figure(output, draw, size=(6.5, 4))
 
 
 def figure_drift_by_module(input, output, params, wildcards, threads):
