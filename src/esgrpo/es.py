@@ -321,6 +321,17 @@ def iter_population(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[See
 
 
 @torch.no_grad()
+def update_coefficients(seeds_signs: Sequence[SeedSign], weights: Sequence[float] | np.ndarray) -> dict[int, float]:
+    """sum_n w_n sign_n eps_n as {seed: coefficient}: antithetic partners share one noise draw."""
+    weights = np.asarray(weights, dtype=np.float64).ravel()
+    if weights.size != len(seeds_signs):
+        raise ValueError(f"{weights.size} weights for {len(seeds_signs)} members")
+    coefficient: dict[int, float] = {}
+    for (seed, sign), w in zip(seeds_signs, weights, strict=True):
+        coefficient[int(seed)] = coefficient.get(int(seed), 0.0) + float(w) * float(sign)
+    return coefficient
+
+
 def es_update_direction(params_names_shapes: Mapping[str, Sequence[int]] | Iterable[tuple[str, Sequence[int]]],
                         seeds_signs: Sequence[SeedSign], weights: np.ndarray | Sequence[float],
                         device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -329,13 +340,7 @@ def es_update_direction(params_names_shapes: Mapping[str, Sequence[int]] | Itera
     The caller applies ``theta += alpha / N * direction`` once.
     """
     items = params_names_shapes.items() if isinstance(params_names_shapes, Mapping) else params_names_shapes
-    weights = np.asarray(weights, dtype=np.float64).ravel()
-    if weights.size != len(seeds_signs):
-        raise ValueError(f"{weights.size} weights for {len(seeds_signs)} members")
-    # Members sharing a seed (antithetic pairs) add up to one coefficient on one noise draw.
-    coefficient: dict[int, float] = {}
-    for (seed, sign), w in zip(seeds_signs, weights, strict=True):
-        coefficient[int(seed)] = coefficient.get(int(seed), 0.0) + float(w) * float(sign)
+    coefficient = update_coefficients(seeds_signs, weights)
     direction = {}
     for name, shape in items:
         total = torch.zeros(tuple(shape), dtype=torch.float32, device=device)

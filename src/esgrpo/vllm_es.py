@@ -52,6 +52,7 @@ from esgrpo.es import (
     normalize_fitness,
     prompt_batch,
     tensor_noise,
+    update_coefficients,
 )
 from esgrpo.io import write_json, write_jsonl
 from esgrpo.metrics import population_js_diversity
@@ -168,17 +169,6 @@ def fused_noise(member_seed: int, name: str, shape: Sequence[int], config: Any,
         return tensor_noise(member_seed, name, shape, device)
     rest = tuple(shape[1:])
     return torch.cat([tensor_noise(member_seed, p.name, (p.stop - p.start, *rest), device) for p in parts], dim=0)
-
-
-def update_coefficients(seeds_signs: Sequence[tuple[int, float]], weights: Sequence[float]) -> dict[int, float]:
-    """sum_n w_n sign_n eps_n as {seed: coefficient} (antithetic partners share one draw)."""
-    weights = np.asarray(weights, dtype=np.float64).ravel()
-    if weights.size != len(seeds_signs):
-        raise ValueError(f"{weights.size} weights for {len(seeds_signs)} members")
-    coefficient: dict[int, float] = {}
-    for (seed, sign), w in zip(seeds_signs, weights, strict=True):
-        coefficient[int(seed)] = coefficient.get(int(seed), 0.0) + float(w) * float(sign)
-    return coefficient
 
 
 @torch.no_grad()
