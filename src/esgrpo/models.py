@@ -104,24 +104,11 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", device: 
 
 def save_model(model, tokenizer, out_dir: str | os.PathLike) -> None:
     """HF layout with safetensors, written to a temporary folder and renamed into place."""
-    import shutil
-    import tempfile
+    from esgrpo.io import atomic_directory
 
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    umask = os.umask(0)
-    os.umask(umask)
-    tmp.chmod(0o777 & ~umask)  # mkdtemp makes 0700; a checkpoint is a shared output
-    try:
+    with atomic_directory(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 def prompt_texts(tokenizer, rows: list[dict]) -> list[str]:

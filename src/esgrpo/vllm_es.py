@@ -54,7 +54,7 @@ from esgrpo.es import (
     tensor_noise,
     update_coefficients,
 )
-from esgrpo.io import write_json, write_jsonl
+from esgrpo.io import atomic_directory, write_json, write_jsonl
 from esgrpo.metrics import population_js_diversity
 
 WORKER_EXTENSION = "esgrpo.vllm_es.ESWorkerExtension"
@@ -458,19 +458,9 @@ def copy_model_metadata(model_ref: str, out_dir: str | os.PathLike, dtype: str =
 def export_hf_checkpoint(pool: VLLMESPool, model_ref: str, out_dir: str | os.PathLike,
                          dtype: str = "float32") -> None:
     """The pool's theta as a transformers-loadable folder (written whole under a temporary name)."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is read by other users' analyses
-    try:
+    with atomic_directory(out_dir) as tmp:
         copy_model_metadata(model_ref, tmp, dtype)
         pool.rpc_one("es_export_hf", str(tmp / "model.safetensors"), dtype)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
 
 
 # --------------------------------------------------------------------------- the trainer
