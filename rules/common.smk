@@ -1,14 +1,28 @@
-# Helpers shared by the rule files: names, paths and parameters derived from the config.
-import json
+# Helpers shared by the other .smk files: names, paths, input functions and parameters derived
+# from the config. Everything here is a constant or a function; the rules live in the stage
+# files (data, models, train, eval, analysis, tables, paper).
+import os
+import re
+from pathlib import Path
 
-from esgrpo.config import check_config
-from esgrpo.runs import RUN_PATTERN, planned_runs, run_spec
+from esgrpo.config import check_config, software_env
+from esgrpo.pipeline import paper as paper_stages
+from esgrpo.pipeline.analysis import analysis_config, analysis_eval_settings
+from esgrpo.runs import RUN_PATTERN, main_es_name, main_grpo_name, planned_runs, run_spec
 
 check_config(config)
 
 RESULTS = "results"
 MODELS = list(config["models"])
 TASKS = list(config["tasks"])
+
+# Every job's software under `--software-deployment-method conda`: the pinned CPU or GPU env.
+SOFTWARE_ENV = f"../envs/{software_env(config)}.yaml"
+# Jobs import esgrpo from this checkout, also inside a conda env built from envs/*.yaml (an env
+# file cannot pip-install the checkout itself).
+_SRC = str(Path(workflow.basedir) / "src")
+if _SRC not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ.update(PYTHONPATH=os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")])))
 
 
 def _alternatives(names):
@@ -20,6 +34,12 @@ wildcard_constraints:
     task=_alternatives(TASKS),
     evaltask=_alternatives(TASKS),
     run=RUN_PATTERN,
+
+
+# --- models ------------------------------------------------------------------------------------
+
+# Models shipped as a GGUF file (`models.<name>.gguf_file`) are converted once to HF layout.
+GGUF_MODELS = [m for m, spec in config["models"].items() if spec.get("gguf_file")]
 
 
 def model_tasks(model):
@@ -45,9 +65,174 @@ def base_model_ref(wildcards):
     return config["models"][wildcards.model]["source"]
 
 
+def task_data(wildcards, split="test"):
+    """The `split` rows and info file of every task of the model (evaluation covers them all)."""
+    tasks = model_tasks(wildcards.model)
+    return {
+        split: expand(f"{RESULTS}/data/{{t}}/{split}.jsonl", t=tasks),
+        "info": expand(f"{RESULTS}/data/{{t}}/info.json", t=tasks),
+    }
+
+
+# --- runs --------------------------------------------------------------------------------------
+
+
+def run_dir(model, task, run):
+    return f"{RESULTS}/{model}/{task}/{run}"
+
+
+def run_model(wildcards):
+    return f"{run_dir(wildcards.model, wildcards.task, wildcards.run)}/model"
+
+
+def run_spec_of(wildcards):
+    return run_spec(config, wildcards.task, wildcards.run)
+
+
+def init_model_ref(wildcards):
+    """The checkpoint a run starts from: the base, or (sequential runs) the previous stage's model."""
+    spec = run_spec_of(wildcards)
+    if spec.init is None:
+        return base_model_ref(wildcards)
+    return f"{run_dir(wildcards.model, *spec.init)}/model"
+
+
+def init_model_files(wildcards):
+    spec = run_spec_of(wildcards)
+    return base_model_files(wildcards) if spec.init is None else init_model_ref(wildcards)
+
+
 def eval_params(model):
     """Evaluation settings: the global block, overridden per model."""
     return {**config["eval"], **config["models"][model].get("eval", {})}
+
+
+def engine_setting(wildcards, key, default):
+    """One of the model's engine settings (dtype, device, batch_size) for analysis jobs."""
+    return eval_params(wildcards.model).get(key, default)
+
+
+# --- analyses ----------------------------------------------------------------------------------
+# Every analysis output lives under results/analysis/{model}/ and is a tidy CSV (columns: the
+# ANALYSIS table in esgrpo/pipeline/analysis.py). theta0 is always the model's base checkpoint.
+# Analyses pairing ES with GRPO (cosine, interpolation) need both an `es` and a `grpo` block.
+
+ANALYSIS = analysis_config(config)
+ANALYSIS_DIR = f"{RESULTS}/analysis"
+
+
+def _analysis_seeds(method):
+    block = config.get(method)
+    return list(block.get("seeds", [0])) if block else []
+
+
+def analysis_pair_seeds():
+    """Seeds with both a main ES and a main GRPO run (ES seed order)."""
+    grpo = set(_analysis_seeds("grpo"))
+    return [s for s in _analysis_seeds("es") if s in grpo]
+
+
+def analysis_main_runs(model):
+    """(task, run) of the main ES and main GRPO runs of every seed, on every task of `model`."""
+    planned = set(planned_runs(config, model))
+    runs = []
+    for task in model_tasks(model):
+        runs += [(task, main_es_name(config, s)) for s in _analysis_seeds("es")]
+        runs += [(task, main_grpo_name(config, s)) for s in _analysis_seeds("grpo")]
+    return [r for r in runs if r in planned]
+
+
+def analysis_targets(model):
+    """Every analysis output for `model` that the config asks for."""
+    wanted, out = set(ANALYSIS["analyses"]), []
+    a = f"{ANALYSIS_DIR}/{model}"
+    runs = planned_runs(config, model)
+    if "drift" in wanted:
+        out += [f"{a}/drift/{t}/{r}.csv" for t, r in runs]
+    if "theory" in wanted:
+        for t, r in runs:
+            if run_spec(config, t, r).method == "es":
+                out += [f"{a}/theory/{t}/{r}.csv", f"{a}/theory/{t}/{r}.json"]
+    main = analysis_main_runs(model)
+    if "sparsity" in wanted:
+        out += [f"{a}/sparsity/{t}/{r}.csv" for t, r in main]
+    if "kl" in wanted:
+        out += [f"{a}/kl/{t}/{r}.csv" for t, r in main]
+    for t in model_tasks(model):
+        for s in analysis_pair_seeds():
+            if "cosine" in wanted:
+                out.append(f"{a}/cosine/{t}/s{s}.csv")
+            if "interpolation" in wanted:
+                out += [f"{a}/interpolation/{t}/s{s}.csv", f"{a}/interpolation/{t}/s{s}.json"]
+    return out
+
+
+def all_analysis_targets():
+    return [path for model in MODELS for path in analysis_targets(model)]
+
+
+def analysis_method(wildcards):
+    return run_spec_of(wildcards).method
+
+
+def analysis_eval(wildcards):
+    return analysis_eval_settings(eval_params(wildcards.model), ANALYSIS["eval"])
+
+
+def analysis_interpolation_eval(wildcards):
+    overrides = {**ANALYSIS["eval"], **ANALYSIS["interpolation_eval"]}
+    return analysis_eval_settings(eval_params(wildcards.model), overrides)
+
+
+def analysis_kl_settings(wildcards):
+    kl = dict(ANALYSIS["kl"])
+    if kl.get("max_new_tokens") is None:
+        kl["max_new_tokens"] = eval_params(wildcards.model).get("max_new_tokens", 24)
+    return kl
+
+
+def analysis_pair_models(wildcards):
+    """(ES model, GRPO model) of the main runs of this seed."""
+    seed = int(wildcards.seed)
+    es = f"{run_dir(wildcards.model, wildcards.task, main_es_name(config, seed))}/model"
+    grpo = f"{run_dir(wildcards.model, wildcards.task, main_grpo_name(config, seed))}/model"
+    return es, grpo
+
+
+def analysis_cosine_pairs(wildcards):
+    """es-grpo of this seed; es-es and grpo-grpo of this seed with the next configured seed."""
+    seed = int(wildcards.seed)
+    es, grpo = analysis_pair_models(wildcards)
+    pairs = [{"pair": "es-grpo", "a": es, "b": grpo, "seed_b": seed}]
+    for method, name in (("es", main_es_name), ("grpo", main_grpo_name)):
+        seeds = _analysis_seeds(method)
+        if seed in seeds and seeds.index(seed) + 1 < len(seeds):
+            other = seeds[seeds.index(seed) + 1]
+            pairs.append({"pair": f"{method}-{method}",
+                          "a": f"{run_dir(wildcards.model, wildcards.task, name(config, seed))}/model",
+                          "b": f"{run_dir(wildcards.model, wildcards.task, name(config, other))}/model",
+                          "seed_b": other})
+    return pairs
+
+
+def analysis_cosine_models(wildcards):
+    return sorted({ref for p in analysis_cosine_pairs(wildcards) for ref in (p["a"], p["b"])})
+
+
+# --- tables, figures, papers -------------------------------------------------------------------
+# Each paper table/figure reads only the tidy files of what the config trains
+# (esgrpo.pipeline.paper.paper_inputs, through planned_runs).
+
+PAPER_SETUP = paper_stages.paper_setup(config)
+PAPER_TABLES = {
+    **{name: "Paper A" for name in paper_stages.PAPER_A_TABLES},
+    **{name: "Paper B" for name in paper_stages.PAPER_B_TABLES},
+    "claims": "Claims",
+}
+PAPER_FIGURES = {
+    **{name: "Paper A" for name in paper_stages.PAPER_A_FIGURES},
+    **{name: "Paper B" for name in paper_stages.PAPER_B_FIGURES},
+}
 
 
 def base_eval_targets():
@@ -58,8 +243,34 @@ def table_targets(name):
     return [f"{RESULTS}/tables/{name}.{ext}" for ext in ("csv", "md", "tex")]
 
 
-def run_dir(model, task, run):
-    return f"{RESULTS}/{model}/{task}/{run}"
+def figure_targets(name):
+    return [f"{RESULTS}/figures/{name}.png", f"{RESULTS}/figures/{name}.pdf"]
+
+
+def paper_input_function(name):
+    def inputs(wildcards):
+        return paper_stages.paper_inputs(config, name, all_analysis_targets(), RESULTS)
+
+    return inputs
+
+
+def paper_a_targets():
+    return [
+        *[p for n in paper_stages.PAPER_A_TABLES for p in table_targets(n)],
+        *[p for n in paper_stages.PAPER_A_FIGURES for p in figure_targets(n)],
+    ]
+
+
+def paper_b_targets():
+    return [
+        *[p for n in paper_stages.PAPER_B_TABLES for p in table_targets(n)],
+        *[p for n in paper_stages.PAPER_B_FIGURES for p in figure_targets(n)],
+    ]
+
+
+def paper_targets():
+    """Every paper table (CSV, Markdown, LaTeX), figure (PNG, PDF) and the claims table."""
+    return [*paper_a_targets(), *paper_b_targets(), *table_targets("claims")]
 
 
 def run_eval_targets(model=None):
@@ -68,7 +279,6 @@ def run_eval_targets(model=None):
 
 
 def all_targets():
-    """Every evaluation, analysis, table and figure (analysis.smk and paper.smk define theirs)."""
-    targets = [*table_targets("base_passk"), f"{RESULTS}/figures/base_passk.png", *run_eval_targets()]
-    targets += [path for model in MODELS for path in analysis_targets(model)]
-    return [*targets, *paper_targets()]
+    """Every evaluation, analysis, table and figure."""
+    targets = [*table_targets("base_passk"), *figure_targets("base_passk"), *run_eval_targets()]
+    return [*targets, *all_analysis_targets(), *paper_targets()]

@@ -12,5 +12,7 @@ rule prepare_task:
     log:
         f"{RESULTS}/logs/data/{{task}}.log",
     threads: 1
+    conda:
+        SOFTWARE_ENV
     script:
         "../workflow_scripts/prepare_task.py"

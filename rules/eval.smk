@@ -1,17 +1,9 @@
 # Evaluation of a checkpoint on every task of its model: n samples per prompt plus a greedy pass.
 
 
-def eval_inputs(wildcards):
-    tasks = model_tasks(wildcards.model)
-    return {
-        "test": expand(f"{RESULTS}/data/{{t}}/test.jsonl", t=tasks),
-        "info": expand(f"{RESULTS}/data/{{t}}/info.json", t=tasks),
-    }
-
-
 rule eval_base:
     input:
-        unpack(eval_inputs),
+        unpack(task_data),
         model=base_model_files,
     output:
         summary=f"{RESULTS}/{{model}}/base/eval.json",
@@ -30,19 +22,21 @@ rule eval_base:
     resources:
         mem_mb=2000,
         runtime=60,
+    conda:
+        SOFTWARE_ENV
     script:
         "../workflow_scripts/evaluate.py"
 
 
 rule eval_run:
     input:
-        unpack(eval_inputs),
+        unpack(task_data),
         model=f"{RESULTS}/{{model}}/{{task}}/{{run}}/model",
     output:
         summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/eval.json",
         prompts=f"{RESULTS}/{{model}}/{{task}}/{{run}}/eval_prompts.jsonl",
     params:
-        model=lambda wc: f"{RESULTS}/{wc.model}/{wc.task}/{wc.run}/model",
+        model=run_model,
         eval=lambda wc: eval_params(wc.model),
         eval_tasks=lambda wc: model_tasks(wc.model),
         run=lambda wc: wc.run,
@@ -55,5 +49,7 @@ rule eval_run:
     resources:
         mem_mb=2000,
         runtime=60,
+    conda:
+        SOFTWARE_ENV
     script:
         "../workflow_scripts/evaluate.py"

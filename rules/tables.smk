@@ -13,5 +13,7 @@ rule table_base_passk:
     log:
         f"{RESULTS}/logs/tables/base_passk.log",
     localrule: True
+    conda:
+        SOFTWARE_ENV
     script:
         "../workflow_scripts/table_base_passk.py"

@@ -3,25 +3,6 @@
 # output: Snakemake deletes a failed job's outputs, and a killed run must keep its progress.
 
 
-def run_spec_of(wildcards):
-    return run_spec(config, wildcards.task, wildcards.run)
-
-
-def init_model_ref(wildcards):
-    spec = run_spec_of(wildcards)
-    if spec.init is None:
-        return base_model_ref(wildcards)
-    task, run = spec.init
-    return f"{RESULTS}/{wildcards.model}/{task}/{run}/model"
-
-
-def init_model_files(wildcards):
-    spec = run_spec_of(wildcards)
-    if spec.init is None:
-        return base_model_files(wildcards)
-    return init_model_ref(wildcards)
-
-
 rule train_run:
     input:
         model=init_model_files,
@@ -45,5 +26,7 @@ rule train_run:
     resources:
         mem_mb=4000,
         runtime=120,
+    conda:
+        SOFTWARE_ENV
     script:
         "../workflow_scripts/train_run.py"

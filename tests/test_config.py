@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from esgrpo.config import ConfigError, check_config
+from esgrpo.config import ConfigError, check_config, software_env
 
 
 @pytest.fixture
@@ -48,3 +48,12 @@ def test_schema_rejects_unknown_top_level_key_and_fills_defaults(default_config)
     config["unknown_block"] = 1
     with pytest.raises(WorkflowError, match="unknown_block"):
         validate(config, str(REPO / "schemas" / "config.schema.yaml"))
+
+
+def test_software_env_follows_the_backend(default_config):
+    assert software_env(default_config) == "cpu"
+    for name in ("paper_a", "paper_b"):
+        assert software_env(yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())) == "gpu"
+    config = copy.deepcopy(default_config)
+    config["models"]["tiny"]["eval"] = {"device": "cuda:0"}
+    assert software_env(config) == "gpu"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,6 +17,19 @@ pytestmark = pytest.mark.slow
 def test_every_config_dry_runs(tmp_path):
     for configfile in [REPO / "config.yaml", *sorted((REPO / "configs").glob("*.yaml"))]:
         run_workflow(tmp_path / configfile.stem, configfile, dryrun=True)
+
+
+def test_snakemake_lint_passes():
+    """`snakemake --lint` (rules vs helper functions, a log and a conda env on every rule, ...)."""
+    import os
+    import subprocess
+    import sys
+
+    snakemake = Path(sys.executable).with_name("snakemake")
+    result = subprocess.run([str(snakemake), "--lint"], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Congratulations" in result.stdout + result.stderr
 
 
 def test_base_table_has_real_numbers_for_every_task(ci_workflow):

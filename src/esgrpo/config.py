@@ -67,3 +67,11 @@ def _check_settings(key: str, settings_class, settings: dict, **grid_values) -> 
         settings_class.from_dict({**settings, **grid_values})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"{key}: {err}") from None
+
+
+def software_env(config: dict) -> str:
+    """'gpu' when any job of the config needs CUDA or vLLM (envs/gpu.yaml), else 'cpu' (envs/cpu.yaml)."""
+    evals = [config.get("eval", {})] + [spec.get("eval", {}) for spec in config["models"].values()]
+    gpu_eval = any(ev.get("backend") == "vllm" or str(ev.get("device", "cpu")).startswith("cuda") for ev in evals)
+    gpu_train = bool((config.get("grpo") or {}).get("settings", {}).get("use_vllm"))
+    return "gpu" if gpu_eval or gpu_train else "cpu"
