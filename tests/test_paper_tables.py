@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -317,6 +318,12 @@ def test_claims_verdicts_follow_the_numbers(synthetic, synthetic_flipped):
     assert sharp.loc["b_sparsity", "estimate"] == pytest.approx(0.8)
     assert sharp.loc["b_drift_ratio", "estimate"] == pytest.approx(20.0)
     assert (sharp["status"] == "measured").all()
+    # statements such as "||theta_K - theta_0||" must not split Markdown cells
+    md_rows = [line for line in Path(build(synthetic[0], "claims", synthetic[1])["md"]).read_text().splitlines()
+               if line.startswith("|")]
+    cells = {len(re.split(r"(?<!\\)\|", line)) for line in md_rows}
+    assert len(md_rows) == len(CLAIMS) + 2 and len(cells) == 1, cells
+    assert any("\\|\\|" in line for line in md_rows)
 
 
 def test_claims_not_run_without_grpo(tmp_path):

@@ -42,7 +42,7 @@ from esgrpo.analysis.interpolation import barrier_height
 from esgrpo.claims_catalog import CLAIMS
 from esgrpo.io import atomic_write_text, read_jsonl
 from esgrpo.metrics import bootstrap_ci, bootstrap_ci_grouped, pass_at_k
-from esgrpo.report import plt, save_figure
+from esgrpo.report import markdown_table, plt, save_figure
 from esgrpo.runs import CL_RE, ES_RE, GRPO_RE, SEQ_RE, planned_runs
 
 N_BOOT = 2000
@@ -564,7 +564,7 @@ def write_paper_table(long: pd.DataFrame, output: dict, caption: str, shown: pd.
     atomic_write_text(output["csv"], long.to_csv(index=False))
     shown = display_frame(long) if shown is None else display_frame(shown)
     text = caption + "".join(f"\n\n{n}" for n in notes)
-    markdown = shown.to_markdown(index=False) if not shown.empty else "(no rows)"
+    markdown = markdown_table(shown)
     atomic_write_text(output["md"], f"{text}\n\n{markdown}\n")
     latex_caption = " ".join([caption, *notes])
     latex = shown.to_latex(index=False, caption=latex_caption, escape=True) if not shown.empty else (
