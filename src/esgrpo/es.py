@@ -27,7 +27,6 @@ import fnmatch
 import hashlib
 import json
 import math
-import numbers
 import os
 import shutil
 import sys
@@ -41,8 +40,9 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from esgrpo.io import dataclass_from_dict, write_json, write_jsonl
+from esgrpo.io import write_json, write_jsonl
 from esgrpo.metrics import population_js_diversity
+from esgrpo.settings import FieldCheck, dataclass_from_dict
 
 __all__ = [
     "ESConfig",
@@ -75,11 +75,6 @@ NORMALIZATIONS = ("zscore", "rank", "none")
 REWARD_SCHEMES = ("binary", "boxed_partial")
 
 
-def _real(value: Any) -> bool:
-    """A plain or numpy real number; bool is not (YAML `yes` must not become sigma = 1)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
 @dataclass
 class ESConfig:
     """Every setting of one ES run. Defaults follow Qiu et al. (N=30-32, sigma 1e-3, alpha 5e-4).
@@ -109,54 +104,32 @@ class ESConfig:
     log_every: int = 1
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"ESConfig.{name} {why}, got {getattr(self, name)!r}")
-
-        def integer(name: str, low: int) -> None:
-            value = getattr(self, name)
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-                raise bad(name, "must be an integer")
-            if value < low:
-                raise bad(name, f"must be >= {low}")
-            setattr(self, name, int(value))
-
-        def positive(name: str) -> None:
-            value = getattr(self, name)
-            if not _real(value) or not math.isfinite(value) or value <= 0:
-                raise bad(name, "must be a finite number > 0")
-            setattr(self, name, float(value))
-
-        integer("population_size", 2)
-        positive("sigma")
-        positive("alpha")
-        integer("iterations", 0)
+        check = FieldCheck(self)
+        check.integer("population_size", 2)
+        check.number("sigma", 0.0, low_open=True)
+        check.number("alpha", 0.0, low_open=True)
+        check.integer("iterations", 0)
         if self.prompts_per_iteration is not None:
-            integer("prompts_per_iteration", 1)
-        for name in ("resample_prompts", "antithetic"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, "must be true or false")
-        if self.normalization not in NORMALIZATIONS:
-            raise bad("normalization", f"must be one of {list(NORMALIZATIONS)}")
+            check.integer("prompts_per_iteration", 1)
+        check.boolean("resample_prompts")
+        check.boolean("antithetic")
+        check.choice("normalization", NORMALIZATIONS)
         if self.antithetic and self.population_size % 2:
-            raise bad("population_size", "must be even when antithetic is true (members come in +/- pairs)")
-        if not _real(self.fitness_temperature) or not self.fitness_temperature >= 0:
-            raise bad("fitness_temperature", "must be >= 0 (0 = greedy)")
-        if not _real(self.fitness_top_p) or not 0 < self.fitness_top_p <= 1:
-            raise bad("fitness_top_p", "must be in (0, 1]")
-        integer("max_new_tokens", 1)
-        if self.reward_scheme not in REWARD_SCHEMES:
-            raise bad("reward_scheme", f"must be one of {list(REWARD_SCHEMES)}")
-        if not _real(self.format_bonus) or not math.isfinite(self.format_bonus):
-            raise bad("format_bonus", "must be a finite number")
-        integer("seed", 0)  # non-negative: it seeds numpy SeedSequences
+            raise check.error("population_size", "must be even when antithetic is true (members come in +/- pairs)")
+        check.number("fitness_temperature", 0.0)  # 0 = greedy
+        check.number("fitness_top_p", 0.0, 1.0, low_open=True)
+        check.integer("max_new_tokens", 1)
+        check.choice("reward_scheme", REWARD_SCHEMES)
+        check.number("format_bonus")
+        check.integer("seed", 0)  # non-negative: it seeds numpy SeedSequences
         if isinstance(self.trainable, str):  # a lone pattern from YAML; iterating it would glob per letter
             self.trainable = [self.trainable]
         if not isinstance(self.trainable, (list, tuple)) or not self.trainable \
                 or not all(isinstance(p, str) and p for p in self.trainable):
-            raise bad("trainable", "must be a non-empty list of glob patterns over parameter names")
+            raise check.error("trainable", "must be a non-empty list of glob patterns over parameter names")
         self.trainable = list(self.trainable)
-        integer("checkpoint_every", 0)
-        integer("log_every", 1)
+        check.integer("checkpoint_every", 0)
+        check.integer("log_every", 1)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ESConfig:

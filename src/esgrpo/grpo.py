@@ -25,7 +25,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import numbers
 import os
 import shutil
 import time
@@ -37,8 +36,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from esgrpo.io import dataclass_from_dict, read_jsonl, write_json, write_jsonl
+from esgrpo.io import read_jsonl, write_json, write_jsonl
 from esgrpo.rewards import SCHEMES, VERIFIERS, reward
+from esgrpo.settings import FieldCheck, dataclass_from_dict
 
 __all__ = [
     "ES_SHARED_KEYS",
@@ -67,11 +67,6 @@ LR_SCHEDULERS = ("linear", "constant", "constant_with_warmup", "cosine")
 # over a member's prompts, for GRPO over every completion of the step.
 ES_SHARED_KEYS = ("method", "iteration", "fitness_mean", "fitness_std", "entropy", "rollouts",
                   "generated_tokens", "seconds", "distance_from_init", "update_norm", "updates", "prompts")
-
-
-def _real(value: Any) -> bool:
-    """A plain or numpy real number; bool is not (YAML `yes` must not become a learning rate of 1)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
 @dataclass
@@ -111,60 +106,35 @@ class GRPOSettings:
     bf16: bool = False  # mixed precision (fp32 master weights); GPU only
 
     def __post_init__(self) -> None:
-        def bad(name: str, why: str) -> ValueError:
-            return ValueError(f"GRPOSettings.{name} {why}, got {getattr(self, name)!r}")
-
-        def integer(name: str, low: int) -> None:
-            value = getattr(self, name)
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-                raise bad(name, "must be an integer")
-            if value < low:
-                raise bad(name, f"must be >= {low}")
-            setattr(self, name, int(value))
-
-        def number(name: str, low: float, high: float = math.inf, *, low_open: bool = False,
-                   high_open: bool = False) -> None:
-            value = getattr(self, name)
-            ok = _real(value) and math.isfinite(value) and (value > low if low_open else value >= low) \
-                and (value < high if high_open else value <= high)
-            if not ok:
-                lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-                raise bad(name, f"must be a finite number in {lo}{low}, {high}{hi}")
-            setattr(self, name, float(value))
-
-        def choice(name: str, allowed: Sequence[str]) -> None:
-            if getattr(self, name) not in allowed:
-                raise bad(name, f"must be one of {list(allowed)}")
-
+        check = FieldCheck(self)
         # Group-normalised advantages need at least two completions per prompt.
-        integer("num_generations", 2)
-        integer("prompts_per_step", 1)
-        number("learning_rate", 0.0, low_open=True)
-        choice("lr_scheduler_type", LR_SCHEDULERS)
+        check.integer("num_generations", 2)
+        check.integer("prompts_per_step", 1)
+        check.number("learning_rate", 0.0, low_open=True)
+        check.choice("lr_scheduler_type", LR_SCHEDULERS)
         # transformers reads warmup_steps < 1 as a fraction of the run, so a ratio of 1 would mean "1 step".
-        number("warmup_ratio", 0.0, 1.0, high_open=True)
-        number("weight_decay", 0.0)
-        number("beta", 0.0)
-        number("epsilon", 0.0, low_open=True)
-        choice("loss_type", LOSS_TYPES)
-        choice("scale_rewards", SCALE_REWARDS)
-        number("max_grad_norm", 0.0)  # 0 disables clipping, as in transformers
-        integer("steps", 1)
-        number("temperature", 0.0, low_open=True)  # GRPO samples; greedy groups would all agree
-        number("top_p", 0.0, 1.0, low_open=True)
-        integer("max_new_tokens", 1)
-        choice("reward_scheme", SCHEMES)
-        number("format_bonus", -math.inf)
-        integer("seed", 0)
-        integer("save_every", 0)
-        integer("gradient_accumulation_steps", 1)
+        check.number("warmup_ratio", 0.0, 1.0, high_open=True)
+        check.number("weight_decay", 0.0)
+        check.number("beta", 0.0)
+        check.number("epsilon", 0.0, low_open=True)
+        check.choice("loss_type", LOSS_TYPES)
+        check.choice("scale_rewards", SCALE_REWARDS)
+        check.number("max_grad_norm", 0.0)  # 0 disables clipping, as in transformers
+        check.integer("steps", 1)
+        check.number("temperature", 0.0, low_open=True)  # GRPO samples; greedy groups would all agree
+        check.number("top_p", 0.0, 1.0, low_open=True)
+        check.integer("max_new_tokens", 1)
+        check.choice("reward_scheme", SCHEMES)
+        check.number("format_bonus")
+        check.integer("seed", 0)
+        check.integer("save_every", 0)
+        check.integer("gradient_accumulation_steps", 1)
         if (self.prompts_per_step * self.num_generations) % self.gradient_accumulation_steps:
-            raise bad("gradient_accumulation_steps",
-                      f"must divide prompts_per_step * num_generations = "
-                      f"{self.prompts_per_step * self.num_generations}")
-        for name in ("use_vllm", "bf16"):
-            if not isinstance(getattr(self, name), bool):
-                raise bad(name, "must be true or false")
+            raise check.error("gradient_accumulation_steps",
+                              f"must divide prompts_per_step * num_generations = "
+                              f"{self.prompts_per_step * self.num_generations}")
+        check.boolean("use_vllm")
+        check.boolean("bf16")
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> GRPOSettings:

@@ -108,16 +108,3 @@ def iter_jsonl(path: str | os.PathLike) -> Iterator[dict]:
                     return
                 raise ValueError(f"{path}: line {number} is not valid JSON: {err}") from err
 
-
-def dataclass_from_dict(cls, d, label: str):
-    """Build settings dataclass `cls` from a config mapping; unknown keys are an error, not ignored."""
-    import dataclasses
-    from collections.abc import Mapping
-
-    if not isinstance(d, Mapping):
-        raise ValueError(f"{label} settings must be a mapping, got {type(d).__name__}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - known)
-    if unknown:
-        raise ValueError(f"unknown {label} setting(s) {unknown}; allowed: {sorted(known)}")
-    return cls(**dict(d))

@@ -1,0 +1,69 @@
+"""Trainer settings as dataclasses: building them from a config mapping and checking their fields.
+
+ESConfig and GRPOSettings share these so every bad value is reported the same way: the class,
+the field, what is allowed and what was given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+
+def dataclass_from_dict(cls, d: Mapping[str, Any], label: str):
+    """Build settings dataclass `cls` from a config mapping; unknown keys are an error, not ignored."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"{label} settings must be a mapping, got {type(d).__name__}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"unknown {label} setting(s) {unknown}; allowed: {sorted(known)}")
+    return cls(**dict(d))
+
+
+def is_real(value: Any) -> bool:
+    """A plain or numpy real number; bool is not (YAML `yes` must not become sigma = 1)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+class FieldCheck:
+    """Checks fields of one settings object in place; a passing value is normalised to its type
+    (a YAML int where a float is meant, a numpy integer)."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+
+    def error(self, name: str, why: str) -> ValueError:
+        value = getattr(self.settings, name)
+        return ValueError(f"{type(self.settings).__name__}.{name} {why}, got {value!r}")
+
+    def integer(self, name: str, low: int) -> None:
+        value = getattr(self.settings, name)
+        if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+            raise self.error(name, "must be an integer")
+        if value < low:
+            raise self.error(name, f"must be >= {low}")
+        setattr(self.settings, name, int(value))
+
+    def number(self, name: str, low: float = -math.inf, high: float = math.inf, *, low_open: bool = False,
+               high_open: bool = False) -> None:
+        value = getattr(self.settings, name)
+        ok = is_real(value) and math.isfinite(value) and (value > low if low_open else value >= low) \
+            and (value < high if high_open else value <= high)
+        if not ok:
+            lo, hi = "(" if low_open else "[", ")" if high_open else "]"
+            raise self.error(name, f"must be a finite number in {lo}{low}, {high}{hi}")
+        setattr(self.settings, name, float(value))
+
+    def choice(self, name: str, allowed: Sequence[Any]) -> None:
+        if getattr(self.settings, name) not in allowed:
+            raise self.error(name, f"must be one of {list(allowed)}")
+
+    def boolean(self, name: str) -> None:
+        if not isinstance(getattr(self.settings, name), bool):
+            raise self.error(name, "must be true or false")
