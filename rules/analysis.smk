@@ -84,10 +84,9 @@ rule analysis_cosine:
 
 rule analysis_sparsity:
     input:
+        unpack(judged_data),
         base=base_model_files,
         model=run_model,
-        test=f"{RESULTS}/data/{{task}}/test.jsonl",
-        info=f"{RESULTS}/data/{{task}}/info.json",
     output:
         csv=f"{ANALYSIS_DIR}/{{model}}/sparsity/{{task}}/{{run}}.csv",
     params:
@@ -95,6 +94,7 @@ rule analysis_sparsity:
         model=run_model,
         method=analysis_method,
         fractions=ANALYSIS["sparsity_fractions"],
+        eval_tasks=judged_tasks,
         eval=analysis_eval,
     log:
         f"{RESULTS}/logs/analysis/{{model}}/sparsity/{{task}}/{{run}}.log",
@@ -140,14 +140,14 @@ rule analysis_kl:
     input:
         base=base_model_files,
         model=run_model,
-        samples=lambda wc: expand(f"{ANALYSIS_DIR}/{wc.model}/base_samples/{{t}}.jsonl", t=model_tasks(wc.model)),
+        samples=lambda wc: expand(f"{ANALYSIS_DIR}/{wc.model}/base_samples/{{t}}.jsonl", t=eval_tasks(wc.model)),
     output:
         csv=f"{ANALYSIS_DIR}/{{model}}/kl/{{task}}/{{run}}.csv",
     params:
         base_model=base_model_ref,
         model=run_model,
         method=analysis_method,
-        eval_tasks=lambda wc: model_tasks(wc.model),
+        eval_tasks=lambda wc: eval_tasks(wc.model),
         kl=analysis_kl_settings,
         dtype=lambda wc: engine_setting(wc, "dtype", "float32"),
         device=lambda wc: engine_setting(wc, "device", "cpu"),
@@ -167,7 +167,7 @@ rule analysis_kl:
 
 rule analysis_interpolation:
     input:
-        unpack(task_data),
+        unpack(eval_data),
         base=base_model_files,
         es=lambda wc: analysis_pair_models(wc)[0],
         grpo=lambda wc: analysis_pair_models(wc)[1],
@@ -178,7 +178,7 @@ rule analysis_interpolation:
         base_model=base_model_ref,
         es_model=lambda wc: analysis_pair_models(wc)[0],
         grpo_model=lambda wc: analysis_pair_models(wc)[1],
-        eval_tasks=lambda wc: model_tasks(wc.model),
+        eval_tasks=lambda wc: eval_tasks(wc.model),
         eval=analysis_interpolation_eval,
         steps=ANALYSIS["interpolation_steps"],
         multiples=ANALYSIS["scan_multiples"],

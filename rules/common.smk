@@ -5,7 +5,7 @@ import os
 import re
 from pathlib import Path
 
-from esgrpo.config import check_config, software_env
+from esgrpo.config import check_config, judged_on, model_eval_tasks, software_env, task_splits
 from esgrpo.pipeline import paper as paper_stages
 from esgrpo.pipeline.analysis import analysis_config, analysis_eval_settings
 from esgrpo.runs import RUN_PATTERN, main_es_name, main_grpo_name, planned_runs, run_spec
@@ -43,7 +43,13 @@ GGUF_MODELS = [m for m, spec in config["models"].items() if spec.get("gguf_file"
 
 
 def model_tasks(model):
+    """The tasks `model` is trained on."""
     return config["models"][model]["tasks"]
+
+
+def eval_tasks(model):
+    """The tasks every checkpoint of `model` is evaluated on (`eval_tasks`, default: its training tasks)."""
+    return model_eval_tasks(config, model)
 
 
 def base_model_is_built(model):
@@ -65,13 +71,25 @@ def base_model_ref(wildcards):
     return config["models"][wildcards.model]["source"]
 
 
-def task_data(wildcards, split="test"):
-    """The `split` rows and info file of every task of the model (evaluation covers them all)."""
-    tasks = model_tasks(wildcards.model)
+def task_files(tasks, split="test"):
     return {
         split: expand(f"{RESULTS}/data/{{t}}/{split}.jsonl", t=tasks),
         "info": expand(f"{RESULTS}/data/{{t}}/info.json", t=tasks),
     }
+
+
+def eval_data(wildcards):
+    """Test rows and info of every evaluation task of the model."""
+    return task_files(eval_tasks(wildcards.model))
+
+
+def judged_tasks(wildcards):
+    """The evaluation tasks that measure training on {task} (itself, or e.g. MATH-500 for DeepScaleR)."""
+    return judged_on(config, wildcards.model, wildcards.task)
+
+
+def judged_data(wildcards):
+    return task_files(judged_tasks(wildcards))
 
 
 # --- runs --------------------------------------------------------------------------------------

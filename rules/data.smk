@@ -1,4 +1,5 @@
-# Data preparation: every task's train and test rows, materialised once.
+# Data preparation: every task's train and test rows, materialised once. A split no model uses
+# (the train split of an evaluation-only task) is written empty and never downloaded.
 
 
 rule prepare_task:
@@ -8,6 +9,7 @@ rule prepare_task:
         info=f"{RESULTS}/data/{{task}}/info.json",
     params:
         options=lambda wc: config["tasks"][wc.task],
+        splits=lambda wc: task_splits(config, wc.task),
         seed=config["seed"],
     log:
         f"{RESULTS}/logs/data/{{task}}.log",

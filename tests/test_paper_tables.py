@@ -403,8 +403,9 @@ def test_paper_targets_dry_run_on_ci_config(tmp_path):
 def test_every_paper_file_is_a_target_of_the_rules():
     text = (REPO / "rules" / "paper.smk").read_text()
     assert 'include: "rules/paper.smk"' in (REPO / "Snakefile").read_text()
-    for rule in ("rule paper_a:", "rule paper_b:", "rule claims:", "def paper_targets():"):
+    for rule in ("rule paper_a:", "rule paper_b:", "rule claims:"):
         assert rule in text
+    assert "def paper_targets():" in (REPO / "rules" / "common.smk").read_text()
     for name in [*paper.PAPER_A_TABLES, *paper.PAPER_B_TABLES, "claims", *paper.PAPER_A_FIGURES,
                  *paper.PAPER_B_FIGURES]:
         assert (REPO / "report" / f"{name}.rst").exists(), name

@@ -172,10 +172,11 @@ def test_sparsity_stage_keep_one_is_trained_keep_zero_is_base(ckpts, tmp_path):
     out = tmp_path / "sp.csv"
     test, info = ckpts["data"]["sum_yesno"]
     params = {"base_model": ckpts["base"], "model": ckpts["es"], "method": "es", "fractions": [1.0, 0.1, 0.0],
-              "eval": EVAL}
-    A.sparsity_stage({"test": test, "info": info}, {"csv": str(out)}, params, WC, 1)
+              "eval": EVAL, "eval_tasks": ["sum_yesno"]}
+    A.sparsity_stage({"test": [test], "info": [info]}, {"csv": str(out)}, params, WC, 1)
     df = pd.read_csv(out)
     assert list(df.columns) == A.SPARSITY_COLUMNS
+    assert (df["eval_task"] == "sum_yesno").all()
     assert df["kind"].tolist() == ["top_fraction"] * 3 + ["reset_module"] * 4
     top = df[df["kind"] == "top_fraction"].set_index("keep_fraction")
     trained = _independent_eval(ckpts["es"], ckpts["data"]["sum_yesno"], "sum_yesno")

@@ -22,10 +22,21 @@ def check_config(config: dict) -> None:
         except KeyError:
             raise ConfigError(f"tasks.{name}: unknown task; known tasks: {sorted(TASKS)}") from None
     for model, spec in config["models"].items():
-        unknown = [t for t in spec["tasks"] if t not in tasks]
-        if unknown:
-            raise ConfigError(f"models.{model}.tasks: {unknown} are not in the tasks block; "
-                              f"allowed: {sorted(tasks)}")
+        for key in ("tasks", "eval_tasks"):
+            unknown = [t for t in spec.get(key, []) if t not in tasks]
+            if unknown:
+                raise ConfigError(f"models.{model}.{key}: {unknown} are not in the tasks block; "
+                                  f"allowed: {sorted(tasks)}")
+        for key, split, names in (("tasks", "train", spec["tasks"]), ("eval_tasks", "test", model_eval_tasks(config, model))):
+            lacking = [t for t in names if split not in get_task(t).splits]
+            if lacking:
+                raise ConfigError(f"models.{model}.{key}: {lacking} have no {split} split"
+                                  + ("; list them under tasks and evaluate on another task with eval_tasks"
+                                     if split == "test" else ""))
+        unjudged = [t for t in spec["tasks"] if not judged_on(config, model, t)]
+        if unjudged:
+            raise ConfigError(f"models.{model}.eval_tasks: nothing measures training on {unjudged}; "
+                              f"evaluate on them or on a task the model does not train on")
         if spec["source"] == "default" and "default_model" not in config:
             raise ConfigError(f"models.{model}.source is 'default' but there is no default_model block")
     reserved = {"base", "data", "tables", "figures", "logs", "benchmarks", "analysis", "report"}
@@ -75,3 +86,33 @@ def software_env(config: dict) -> str:
     gpu_eval = any(ev.get("backend") == "vllm" or str(ev.get("device", "cpu")).startswith("cuda") for ev in evals)
     gpu_train = bool((config.get("grpo") or {}).get("settings", {}).get("use_vllm"))
     return "gpu" if gpu_eval or gpu_train else "cpu"
+
+
+def model_eval_tasks(config: dict, model: str) -> list[str]:
+    """The tasks every checkpoint of `model` is evaluated on: `eval_tasks`, else its training tasks."""
+    spec = config["models"][model]
+    return list(spec.get("eval_tasks") or spec["tasks"])
+
+
+def judged_on(config: dict, model: str, train_task: str) -> list[str]:
+    """The evaluation tasks that measure training on `train_task` (the 'on-task' accuracy): the task
+    itself when it is evaluated, else the eval tasks the model does not train on (DeepScaleR ->
+    MATH-500)."""
+    evals = model_eval_tasks(config, model)
+    if train_task in evals:
+        return [train_task]
+    return [t for t in evals if t not in config["models"][model]["tasks"]]
+
+
+def task_splits(config: dict, task: str) -> list[str]:
+    """The splits of `task` some model uses: train if a model trains on it, test if one evaluates on
+    it (a task no model uses: every split its source has)."""
+    from esgrpo.tasks.base import get_task
+
+    splits = set()
+    for model, spec in config["models"].items():
+        if task in spec["tasks"]:
+            splits.add("train")
+        if task in model_eval_tasks(config, model):
+            splits.add("test")
+    return [s for s in ("train", "test") if s in splits] or list(get_task(task).splits)

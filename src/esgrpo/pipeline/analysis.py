@@ -104,7 +104,7 @@ DRIFT_COLUMNS = ["model", "task", "run", "method", "name", "module_type", "layer
 THEORY_COLUMNS = ["iteration", "updates", "distance", "sq_distance", "theory_sq"]
 COSINE_COLUMNS = ["scope", "key", "cosine", "pair", "model", "task", "seed", "seed_b", "norm_a", "norm_b", "numel"]
 METRIC_COLUMNS = ["greedy", "mean@n", "pass@1", "pass@kmax", "n_samples", "n_prompts"]
-SPARSITY_COLUMNS = ["kind", "keep_fraction", "module_type", "n_kept", "n_changed", *METRIC_COLUMNS,
+SPARSITY_COLUMNS = ["kind", "keep_fraction", "module_type", "n_kept", "n_changed", "eval_task", *METRIC_COLUMNS,
                     "model", "task", "run", "method"]
 KL_COLUMNS = ["eval_task", "token_mean", "prompt_mean", "sequence_mean", "n_tokens", "n_sequences", "n_prompts",
               "model", "task", "run", "method"]
@@ -359,20 +359,22 @@ def sparsity_points(theta0: Mapping, theta: Mapping, fractions: Iterable[float])
 
 
 def sparsity_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
-    """Eval of the run with only its largest-|delta| coordinates kept, or one module type's update removed."""
+    """Eval of the run with only its largest-|delta| coordinates kept, or one module type's update removed,
+    on the tasks that measure its training (`params["eval_tasks"]`: the training task, or e.g. MATH-500
+    for DeepScaleR)."""
     started = time.time()
     evaluator = PointEvaluator(params["base_model"], params["eval"])
     theta0 = load_params(params["base_model"])
     theta = load_params(params["model"])
-    tasks = _tasks_data([wildcards["task"]], [input["test"]], [input["info"]], evaluator.limit)
+    tasks = _tasks_data(params["eval_tasks"], input["test"], input["info"], evaluator.limit)
     rows = []
     for fields, key, make_state in sparsity_points(theta0, theta, params["fractions"]):
         state = None if key in evaluator.cache else make_state()
-        m = evaluator.metrics(key, state, tasks)[wildcards["task"]]
-        rows.append({**fields, **m, "model": wildcards["model"], "task": wildcards["task"], "run": wildcards["run"],
-                     "method": params["method"]})
-        _log(f"sparsity {fields['kind']} {fields['keep_fraction']} {fields['module_type']}: kept {fields['n_kept']}/"
-             f"{fields['n_changed']} greedy {m['greedy']:.3f} mean@n {m['mean@n']:.3f}")
+        for eval_task, m in evaluator.metrics(key, state, tasks).items():
+            rows.append({**fields, "eval_task": eval_task, **m, "model": wildcards["model"], "task": wildcards["task"],
+                         "run": wildcards["run"], "method": params["method"]})
+            _log(f"sparsity {fields['kind']} {fields['keep_fraction']} {fields['module_type']} on {eval_task}: kept "
+                 f"{fields['n_kept']}/{fields['n_changed']} greedy {m['greedy']:.3f} mean@n {m['mean@n']:.3f}")
     _write_csv(output["csv"], pd.DataFrame(rows, columns=SPARSITY_COLUMNS))
     _log(f"sparsity: {evaluator.evaluations} evaluations in {time.time() - started:.1f}s")
 

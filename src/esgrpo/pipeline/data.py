@@ -13,18 +13,21 @@ def prepare_task(input: dict, output: dict, params: dict, wildcards: dict, threa
     source = options.pop("source", None)
     seed = int(params["seed"])
     sizes = {"train": options.pop("train_size", None), "test": options.pop("test_size", None)}
+    used = list(params.get("splits", task.splits))
     counts = {}
     for split in ("train", "test"):
-        kwargs = {"source": source} if source else {}
-        rows = task.loader(split, sizes[split], seed, **kwargs, **options)
-        if not rows:
-            raise ValueError(f"task {task.name!r} gave no {split} rows (options {params['options']})")
+        rows = []
+        if split in used:
+            kwargs = {"source": source} if source else {}
+            rows = task.loader(split, sizes[split], seed, **kwargs, **options)
+            if not rows:
+                raise ValueError(f"task {task.name!r} gave no {split} rows (options {params['options']})")
         write_jsonl(output[split], rows)
         counts[split] = len(rows)
     overlap = ({r["id"] for r in read_jsonl(output["train"])} & {r["id"] for r in read_jsonl(output["test"])})
     if overlap:
         raise ValueError(f"task {task.name!r}: {len(overlap)} rows are in both train and test")
-    write_json(output["info"], {"task": task.name, "verifier": task.verifier, "rows": counts,
+    write_json(output["info"], {"task": task.name, "verifier": task.verifier, "rows": counts, "splits": used,
                                 "provenance": provenance(params, seed)})
 
 

@@ -40,6 +40,7 @@ import pandas as pd
 from esgrpo.analysis.claims import claims_table
 from esgrpo.analysis.interpolation import barrier_height
 from esgrpo.claims_catalog import CLAIMS
+from esgrpo.config import judged_on
 from esgrpo.io import atomic_write_text, read_jsonl
 from esgrpo.metrics import bootstrap_ci, bootstrap_ci_grouped, pass_at_k
 from esgrpo.report import markdown_table, plt, save_figure
@@ -103,17 +104,19 @@ def paper_setup(config: dict) -> dict:
     """What the paper stages need to know of the config (passed to every rule as a param)."""
     es, grpo = config.get("es"), config.get("grpo")
     seq = config.get("sequential") or {}
-    models, ks, n_samples = {}, {}, {}
+    models, ks, n_samples, judged = {}, {}, {}, {}
     for model, spec in config["models"].items():
         ev = {**config.get("eval", {}), **spec.get("eval", {})}
         n = int(ev.get("n_samples", 32))
         models[model] = list(spec["tasks"])
+        judged[model] = {task: judged_on(config, model, task) for task in spec["tasks"]}
         ks[model] = sorted({int(k) for k in ev.get("ks", [1, 2, 4, 8, 16, 32]) if k <= n} | {1})
         n_samples[model] = n
     continual = list(seq.get("continual") or [])
     methods = [m for m in seq.get("continual_methods", ["es", "grpo"]) if config.get(m)] if continual else []
     return {
         "models": models,
+        "judged_on": judged,
         "ks": ks,
         "n_samples": n_samples,
         "has_es": bool(es),
@@ -235,12 +238,18 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
     return pass_at_k(n, c, k) if k <= n else math.nan
 
 
+def judged_tasks(setup: dict, model: str, train_task: str) -> list[str]:
+    """The evaluation tasks that measure training on `train_task` (esgrpo.config.judged_on)."""
+    return setup.get("judged_on", {}).get(model, {}).get(train_task, [train_task])
+
+
 def load_prompts(paths: Iterable[str], setup: dict) -> pd.DataFrame:
-    """Per-prompt evaluation rows with seed, kind, method, variant, prompt key and per-prompt metrics
+    """Per-prompt evaluation rows with seed, kind, method, variant, prompt key, ``on_task`` (the
+    evaluation measures the run's own training, e.g. DeepScaleR -> MATH-500) and per-prompt metrics
     (greedy, mean@n, pass@k for every configured k, entropy per token)."""
     rows = [r for p in paths for r in read_jsonl(p)]
     columns = ["model", "run", "train_task", "eval_task", "id", "n", "correct", "greedy", "mean@n",
-               "entropy", "seed", "kind", "method", "variant", "prompt"]
+               "entropy", "seed", "kind", "method", "variant", "prompt", "on_task"]
     if not rows:
         return pd.DataFrame(columns=columns)
     df = pd.DataFrame(rows)
@@ -249,6 +258,8 @@ def load_prompts(paths: Iterable[str], setup: dict) -> pd.DataFrame:
     df["method"] = df["kind"].map(METHOD)
     df["variant"] = df["run"].map(variant_of)
     df["prompt"] = df["model"] + "|" + df["eval_task"] + "|" + df["id"].astype(str)
+    df["on_task"] = [e in judged_tasks(setup, m, t) for m, t, e in zip(df["model"], df["train_task"], df["eval_task"],
+                                                                     strict=True)]
     df["greedy"] = df["greedy_correct"].astype(float) if "greedy_correct" in df else np.nan
     df["mean@n"] = df["correct"] / df["n"]
     df["entropy"] = df["entropy_sum"] / df["tokens"].clip(lower=1) if "entropy_sum" in df else np.nan
@@ -337,7 +348,7 @@ class Data:
         if p.empty:
             return p.assign(task=pd.Series(dtype=str))
         kinds = set(kinds)
-        own = p[p["kind"].isin(kinds - {"base"}) & (p["eval_task"] == p["train_task"])]
+        own = p[p["kind"].isin(kinds - {"base"}) & p["on_task"]]
         base = p[p["kind"].eq("base")] if "base" in kinds else p.iloc[0:0]
         return pd.concat([own, base]).assign(task=lambda d: d["eval_task"])
 
@@ -1033,13 +1044,15 @@ def sparsity_frame(data: Data) -> pd.DataFrame:
         return sp
     base = _base_on_task(data)
     parts = []
-    for (model, task, _run), r in sp.groupby(["model", "task", "run"], sort=True):
+    if "eval_task" not in sp:  # files from before evaluation tasks were recorded: the training task
+        sp = sp.assign(eval_task=sp["task"])
+    for (model, _task, _run, eval_task), r in sp.groupby(["model", "task", "run", "eval_task"], sort=True):
         r = r.copy()
         top = r[r["kind"] == "top_fraction"]
         for metric in (m for m in SPARSITY_METRICS if m in r):
             zero = top.loc[np.isclose(top["keep_fraction"], 0.0), metric]
             full = top.loc[np.isclose(top["keep_fraction"], 1.0), metric]
-            b_rows = base[(base["model"] == model) & (base["eval_task"] == task)] if not base.empty else base
+            b_rows = base[(base["model"] == model) & (base["eval_task"] == eval_task)] if not base.empty else base
             b = float(zero.iloc[0]) if len(zero) else (float(b_rows[metric].mean()) if len(b_rows) else math.nan)
             f = float(full.iloc[0]) if len(full) else math.nan
             gain = f - b if f - b > 0 else math.nan
@@ -1346,7 +1359,7 @@ def claim_estimates(data: Data) -> dict[str, dict]:
     # held-out: single-task ES on the tasks it was not trained on
     p = data.prompts
     if not p.empty and (p["kind"] == "es").any():
-        es_off = p[(p["kind"] == "es") & (p["eval_task"] != p["train_task"])]
+        es_off = p[(p["kind"] == "es") & ~p["on_task"]]
         base = p[p["kind"] == "base"]
         if es_off.empty:
             none("b_heldout", "every model has a single task")
@@ -1534,8 +1547,8 @@ def js_gain_frame(data: Data) -> pd.DataFrame:
     es = m[m["kind"].isin(ES_KINDS)].dropna(subset=["js_diversity"])
     base = p[p["kind"] == "base"]
     for (model, task, run), g in es.groupby(["model", "task", "run"]):
-        trained = p[(p["run"] == run) & (p["model"] == model) & (p["train_task"] == task) & (p["eval_task"] == task)]
-        b = base[(base["model"] == model) & (base["eval_task"] == task)]
+        trained = p[(p["run"] == run) & (p["model"] == model) & (p["train_task"] == task) & p["on_task"]]
+        b = base[(base["model"] == model) & base["eval_task"].isin(judged_tasks(data.setup, model, task))]
         if trained.empty or b.empty:
             continue
         rows.append({"model": model, "task": task, "run": run, "variant": variant_of(run),
@@ -1754,21 +1767,23 @@ def figure_sparsity_curves(input, output, params, wildcards, threads):
     if sp.empty or not (sp["kind"] == "top_fraction").any():
         return placeholder(output, "Functional sparsity", "no sparsity analyses")
     top = sp[sp["kind"] == "top_fraction"]
+    if "eval_task" not in top:
+        top = top.assign(eval_task=top["task"])
     sns = _sns()
-    tasks = sorted(set(zip(top["model"], top["task"], strict=True)))
+    tasks = sorted(set(zip(top["model"], top["task"], top["eval_task"], strict=True)))
     base = _base_on_task(data)
 
     def draw(fig, axes):
-        for ax, (model, task) in zip(axes.ravel(), tasks, strict=False):
-            d = top[(top["model"] == model) & (top["task"] == task)]
+        for ax, (model, task, eval_task) in zip(axes.ravel(), tasks, strict=False):
+            d = top[(top["model"] == model) & (top["task"] == task) & (top["eval_task"] == eval_task)]
             long = d.melt(id_vars=["keep_fraction", "method"], value_vars=[c for c in ("greedy", "mean@n") if c in d],
                           var_name="metric", value_name="accuracy")
             sns.lineplot(data=long, x="keep_fraction", y="accuracy", hue="method", style="metric", marker="o", ax=ax)
-            b = base[(base["model"] == model) & (base["eval_task"] == task)] if not base.empty else base
+            b = base[(base["model"] == model) & (base["eval_task"] == eval_task)] if not base.empty else base
             if not b.empty:
                 ax.axhline(b["mean@n"].mean(), color="grey", ls=":", lw=1, label="base mean@n")
             ax.set_xscale("symlog", linthresh=0.01)
-            ax.set_title(f"{model} / {task}")
+            ax.set_title(f"{model} / {task}" + (f" -> {eval_task}" if eval_task != task else ""))
 
     _figure(output, draw, 1, max(1, len(tasks)))
 

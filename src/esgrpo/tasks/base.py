@@ -34,6 +34,7 @@ class TaskSpec:
     loader: Callable[..., list[Row]]  # loader(split, size, seed, **options) -> rows
     description: str = ""
     options: dict = field(default_factory=dict)
+    splits: tuple[str, ...] = ("train", "test")  # the splits the source has (DeepScaleR: train only)
 
 
 TASKS: dict[str, TaskSpec] = {}

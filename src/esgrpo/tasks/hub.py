@@ -403,7 +403,8 @@ def load_chemistry(split: str, size: int | None, seed: int, source: str | None =
 # Registry
 
 register(TaskSpec("gsm8k", "math", load_gsm8k, "GSM8K grade-school maths (paper B, easy setting)"))
-register(TaskSpec("deepscaler", "math", load_deepscaler, "DeepScaleR-Preview maths, train only (paper B, hard)"))
+register(TaskSpec("deepscaler", "math", load_deepscaler, "DeepScaleR-Preview maths, train only (paper B, hard)",
+                  splits=("train",)))
 register(TaskSpec("countdown", "countdown", load_countdown, "Countdown 3-4 numbers (paper A, Qiu et al.)"))
 register(TaskSpec("math", "math", load_math, "MATH: 40/level train, MATH-500 test (paper A)"))
 register(TaskSpec("boolq", "yesno", load_boolq, "BoolQ yes/no reading comprehension (paper A)"))
