@@ -12,7 +12,6 @@ from esgrpo.analysis.cosine import cosine, cosine_by_layer, cosine_by_module_typ
 from esgrpo.analysis.drift import delta, drift_by, drift_table, l2, layer_index, module_type, relative_l2
 from esgrpo.analysis.interpolation import (
     along_direction,
-    barrier_height,
     interpolate,
     random_direction_like,
     tensor_seed,
@@ -20,6 +19,7 @@ from esgrpo.analysis.interpolation import (
 from esgrpo.analysis.kl import per_sequence_kl, sequence_kl_stats, token_kl
 from esgrpo.analysis.sparsity import n_kept, reset_module_type, sparsify, top_fraction_mask
 from esgrpo.analysis.theory import expected_es_norm, expected_es_sq_norm, fit_sq_norm_vs_t
+from esgrpo.metrics import barrier_height
 
 NAMES = [
     "model.embed_tokens.weight",

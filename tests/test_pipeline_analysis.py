@@ -17,6 +17,7 @@ from esgrpo.evaluate import EvalSettings, evaluate_rows
 from esgrpo.io import read_json, write_json, write_jsonl
 from esgrpo.models import TinyLlamaSpec, build_tiny_llama, load_model, save_model, train_tokenizer
 from esgrpo.pipeline import analysis as A
+from esgrpo.pipeline.theory import THEORY_COLUMNS, theory_stage
 from esgrpo.rewards import VERIFIERS
 from esgrpo.rollout import HFEngine
 
@@ -121,10 +122,10 @@ def test_theory_from_synthetic_metrics(tmp_path):
     write_json(tmp_path / "summary.json", {"trainable_parameters": d, "provenance": {"config": {
         "settings": {"alpha": alpha, "population_size": n, "normalization": "zscore"}}}})
     out = {"csv": str(tmp_path / "t.csv"), "json": str(tmp_path / "t.json")}
-    A.theory_stage({"metrics": str(tmp_path / "metrics.jsonl"), "summary": str(tmp_path / "summary.json")},
+    theory_stage({"metrics": str(tmp_path / "metrics.jsonl"), "summary": str(tmp_path / "summary.json")},
                    out, {}, WC, 1)
     df = pd.read_csv(out["csv"])
-    assert list(df.columns) == A.THEORY_COLUMNS
+    assert list(df.columns) == THEORY_COLUMNS
     assert df["updates"].tolist() == [1, 2, 2, 3, 4]
     assert df["theory_sq"].tolist() == pytest.approx([alpha**2 * u * d / n for u in df["updates"]])
     assert df["sq_distance"].tolist() == pytest.approx(df["theory_sq"].tolist())

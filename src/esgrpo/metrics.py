@@ -258,3 +258,24 @@ def bootstrap_ci_grouped(
     stats = sums / sizes[draws].sum(axis=1)
     lo, hi = _percentiles(stats, alpha)
     return mean, lo, hi
+
+
+def barrier_height(lams: Sequence[float], accs: Sequence[float]) -> float:
+    """Loss barrier in accuracy units along an interpolation path.
+
+    ``max`` over the interior points of (linear interpolation between the two endpoint
+    accuracies - accuracy), clipped at 0: positive means accuracy dips below the straight
+    line joining the endpoints. Points are sorted by lam; fewer than three points give 0.
+    """
+    x = np.asarray(lams, dtype=np.float64).ravel()
+    y = np.asarray(accs, dtype=np.float64).ravel()
+    if x.shape != y.shape:
+        raise ValueError("lams and accs differ in length")
+    if x.size < 3:
+        return 0.0
+    order = np.argsort(x, kind="stable")
+    x, y = x[order], y[order]
+    if x[-1] == x[0]:
+        raise ValueError("lams must span an interval")
+    line = y[0] + (x - x[0]) / (x[-1] - x[0]) * (y[-1] - y[0])
+    return float(max(0.0, np.max(line[1:-1] - y[1:-1])))

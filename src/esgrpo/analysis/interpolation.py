@@ -10,12 +10,11 @@ import math
 import zlib
 from collections.abc import Sequence
 
-import numpy as np
 import torch
 
 from esgrpo.analysis.drift import StateDict, l2
 
-__all__ = ["interpolate", "along_direction", "random_direction_like", "barrier_height", "tensor_seed"]
+__all__ = ["interpolate", "along_direction", "random_direction_like", "tensor_seed"]
 
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
@@ -83,23 +82,3 @@ def random_direction_like(
     norm = math.sqrt(sq)
     return {name: (r.to(torch.float64) / norm).to(dtype) for name, r in raw.items()}
 
-
-def barrier_height(lams: Sequence[float], accs: Sequence[float]) -> float:
-    """Loss barrier in accuracy units along an interpolation path.
-
-    ``max`` over the interior points of (linear interpolation between the two endpoint
-    accuracies - accuracy), clipped at 0: positive means accuracy dips below the straight
-    line joining the endpoints. Points are sorted by lam; fewer than three points give 0.
-    """
-    x = np.asarray(lams, dtype=np.float64).ravel()
-    y = np.asarray(accs, dtype=np.float64).ravel()
-    if x.shape != y.shape:
-        raise ValueError("lams and accs differ in length")
-    if x.size < 3:
-        return 0.0
-    order = np.argsort(x, kind="stable")
-    x, y = x[order], y[order]
-    if x[-1] == x[0]:
-        raise ValueError("lams must span an interval")
-    line = y[0] + (x - x[0]) / (x[-1] - x[0]) * (y[-1] - y[0])
-    return float(max(0.0, np.max(line[1:-1] - y[1:-1])))

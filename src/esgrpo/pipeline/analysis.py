@@ -7,12 +7,14 @@ summary needs one) under ``results/analysis/{model}/``; the pure maths lives in
 | stage                  | output (under results/analysis/{model}/)   | one row per                          |
 |------------------------|--------------------------------------------|--------------------------------------|
 | ``drift_stage``        | ``drift/{task}/{run}.csv``                 | parameter tensor                     |
-| ``theory_stage``       | ``theory/{task}/{run}.csv`` + ``.json``    | logged ES iteration                  |
+| ``theory_stage`` (*)   | ``theory/{task}/{run}.csv`` + ``.json``    | logged ES iteration                  |
 | ``cosine_stage``       | ``cosine/{task}/s{seed}.csv``              | (pair, scope, key)                   |
 | ``sparsity_stage``     | ``sparsity/{task}/{run}.csv``              | sparsified model                     |
 | ``base_samples_stage`` | ``base_samples/{evaltask}.jsonl``          | prompt (its fixed base continuations)|
 | ``kl_stage``           | ``kl/{task}/{run}.csv``                    | eval task                            |
 | ``interpolation_stage``| ``interpolation/{task}/s{seed}.csv``+json  | (path, point, eval task)             |
+
+(*) in ``esgrpo.pipeline.theory``: it reads only metrics, so its jobs skip the torch import.
 
 Conventions
 - theta0 is always the model's BASE checkpoint, also for sequential runs (es-then-grpo,
@@ -57,7 +59,7 @@ Columns (the first ones are those the tables read; trailing ones identify the fi
   coefficient; for dir-es / dir-grpo / dir-random it is the distance in units of ||dES||
   (``scan_multiples``). ``step`` is always the L2 distance from theta0 (signed for scans).
   The JSON beside it: norm_es, norm_grpo, cosine and ``barriers`` = records path, eval_task,
-  metric (greedy | mean@n), barrier_height (esgrpo.analysis.interpolation.barrier_height),
+  metric (greedy | mean@n), barrier_height (esgrpo.metrics.barrier_height),
   start, end, min, for the three lam paths (a barrier is not defined for the scans).
 """
 
@@ -72,12 +74,12 @@ import torch
 
 from esgrpo.analysis.cosine import cosine, cosine_by_layer, cosine_by_module_type
 from esgrpo.analysis.drift import MODULE_TYPES, delta, drift_table, float_names, l2, module_type
-from esgrpo.analysis.interpolation import along_direction, barrier_height, interpolate, random_direction_like
+from esgrpo.analysis.interpolation import along_direction, interpolate, random_direction_like
 from esgrpo.analysis.kl import per_sequence_kl, sequence_kl_stats, token_kl
 from esgrpo.analysis.sparsity import n_kept, reset_module_type, sparsify, top_fraction_mask
-from esgrpo.analysis.theory import expected_es_sq_norm, fit_sq_norm_vs_t
 from esgrpo.evaluate import EvalSettings, evaluate_rows
 from esgrpo.io import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
+from esgrpo.metrics import barrier_height
 from esgrpo.models import load_model, prompt_texts
 from esgrpo.pipeline.data import load_rows
 from esgrpo.rollout import HFEngine
@@ -101,7 +103,6 @@ F64_LIMIT = 200_000_000  # parameters; above it deltas are float32
 
 DRIFT_COLUMNS = ["model", "task", "run", "method", "name", "module_type", "layer", "numel", "l2", "base_l2",
                  "init_l2", "relative_l2"]
-THEORY_COLUMNS = ["iteration", "updates", "distance", "sq_distance", "theory_sq"]
 COSINE_COLUMNS = ["scope", "key", "cosine", "pair", "model", "task", "seed", "seed_b", "norm_a", "norm_b", "numel"]
 METRIC_COLUMNS = ["greedy", "mean@n", "pass@1", "pass@kmax", "n_samples", "n_prompts"]
 SPARSITY_COLUMNS = ["kind", "keep_fraction", "module_type", "n_kept", "n_changed", "eval_task", *METRIC_COLUMNS,
@@ -232,54 +233,6 @@ def drift_stage(input: dict, output: dict, params: dict, wildcards: dict, thread
     total = math.sqrt(float((table["l2"] ** 2).sum()))
     _log(f"drift {wildcards['task']}/{wildcards['run']}: ||theta-theta0|| = {total:.6g} over {len(table)} "
          f"tensors ({time.time() - started:.1f}s)")
-
-
-# --------------------------------------------------------------------------- theory
-
-
-def _es_settings(summary: Mapping) -> dict:
-    settings = ((summary.get("provenance") or {}).get("config") or {}).get("settings")
-    return dict(settings or summary.get("config") or {})
-
-
-def theory_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
-    """Logged ES distance vs the z-score theory E||dtheta||^2 = alpha^2 * updates * d / N, and its fit."""
-    metrics = [r for r in read_jsonl(input["metrics"]) if "distance_from_init" in r]
-    summary = read_json(input["summary"])
-    settings = _es_settings(summary)
-    alpha, n_members = float(settings["alpha"]), int(settings["population_size"])
-    d = summary.get("trainable_parameters") or params.get("trainable_parameters")
-    if not d:
-        raise ValueError(f"{input['summary']}: no trainable_parameters; cannot compute the theory")
-    d = int(d)
-    rows = []
-    for r in metrics:
-        dist = float(r["distance_from_init"])
-        updates = int(r.get("updates", r["iteration"]))
-        rows.append({"iteration": int(r["iteration"]), "updates": updates, "distance": dist,
-                     "sq_distance": dist ** 2, "theory_sq": float(expected_es_sq_norm(alpha, n_members, d, updates))})
-    df = pd.DataFrame(rows, columns=THEORY_COLUMNS)
-    try:
-        fit = fit_sq_norm_vs_t(df["updates"], df["sq_distance"], alpha=alpha, n_members=n_members, d=d)
-    except ValueError as err:  # fewer than two distinct update counts (e.g. every update skipped)
-        _log(f"theory: no fit ({err})")
-        fit = {"slope": math.nan, "intercept": math.nan, "r2": math.nan, "slope_ratio_to_theory": math.nan}
-    last = rows[-1] if rows else {}
-    record = {
-        **fit, "theory_slope": float(expected_es_sq_norm(alpha, n_members, d, 1.0)),
-        "alpha": alpha, "population_size": n_members, "d": d,
-        "normalization": settings.get("normalization", "zscore"),
-        "n_points": len(rows), "final_updates": last.get("updates"),
-        "final_distance": last.get("distance"),
-        "final_theory_distance": math.sqrt(last["theory_sq"]) if rows else None,
-        "final_ratio": (last["distance"] / math.sqrt(last["theory_sq"])
-                        if rows and last["theory_sq"] > 0 else math.nan),
-        "model": wildcards["model"], "task": wildcards["task"], "run": wildcards["run"],
-    }
-    _write_csv(output["csv"], df)
-    write_json(output["json"], record)
-    _log(f"theory {wildcards['run']}: slope ratio to theory {record['slope_ratio_to_theory']:.4f}, "
-         f"r2 {record['r2']:.4f}, final distance / theory {record['final_ratio']:.4f}")
 
 
 # --------------------------------------------------------------------------- cosine

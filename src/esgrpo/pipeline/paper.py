@@ -38,11 +38,10 @@ import numpy as np
 import pandas as pd
 
 from esgrpo.analysis.claims import claims_table
-from esgrpo.analysis.interpolation import barrier_height
 from esgrpo.claims_catalog import CLAIMS
 from esgrpo.config import judged_on
 from esgrpo.io import atomic_write_text, read_jsonl
-from esgrpo.metrics import bootstrap_ci, bootstrap_ci_grouped, pass_at_k
+from esgrpo.metrics import barrier_height, bootstrap_ci, bootstrap_ci_grouped, pass_at_k
 from esgrpo.report import markdown_table, plt, save_figure
 from esgrpo.runs import CL_RE, ES_RE, GRPO_RE, SEQ_RE, planned_runs
 
@@ -827,7 +826,7 @@ def build_a_geometry(data: Data) -> pd.DataFrame:
 
 
 def _barriers(interp: pd.DataFrame) -> list[dict]:
-    """Barrier heights along the ES-GRPO path (esgrpo.analysis.interpolation.barrier_height), per
+    """Barrier heights along the ES-GRPO path (esgrpo.metrics.barrier_height), per
     (model, task, seed, eval_task), for greedy accuracy and mean@n; on-task and off-task means."""
     if interp.empty or "path" not in interp:
         return []
