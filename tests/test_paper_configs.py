@@ -40,7 +40,7 @@ def expected_jobs(name: str) -> dict[str, int]:
     """Jobs per rule of `snakemake -n` (target `all`), from the papers' grids."""
     if name == "paper_a":
         single = len(PAPER_A_MODELS) * len(PAPER_A_TASKS) * 2            # ES N=30 and GRPO G=8, one seed
-        continual = len(PAPER_A_MODELS) * len(PAPER_A_TASKS) * 2        # 4 stages x {ES, GRPO}
+        continual = len(PAPER_A_MODELS) * (len(PAPER_A_TASKS) - 1) * 2  # stages 2-4 x {ES, GRPO}; 1 = main run
         runs = single + continual
         return {"prepare_task": 4, "eval_base": 2, "train_run": runs, "eval_run": runs, "table_base_passk": 1}
     if name == "paper_b":

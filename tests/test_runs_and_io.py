@@ -9,7 +9,7 @@ import yaml
 from conftest import REPO
 
 from esgrpo.io import append_jsonl, read_jsonl, write_json
-from esgrpo.runs import RUN_PATTERN, planned_runs, run_spec
+from esgrpo.runs import RUN_PATTERN, continual_stage_one, planned_runs, run_spec
 
 
 @pytest.fixture
@@ -36,6 +36,10 @@ def test_sequential_runs_start_from_the_first_stage(config):
     assert run_spec(config, "countdown3", "grpo-then-es-s0").init == ("countdown3", f"grpo-g{g}-s0")
     order = config["sequential"]["continual"]
     assert run_spec(config, order[0], "cl_es-s0-k1").init is None
+    # stage 1 is the main run on order[0]; stage 2 starts from it, later stages from the stage before
+    assert continual_stage_one(config, "es", 0) == (order[0], f"es-n{n}-s0", "cl_es-s0-k1")
+    assert run_spec(config, order[1], "cl_es-s0-k2").init == (order[0], f"es-n{n}-s0")
+    assert run_spec(config, order[1], "cl_es-s0-k2").settings == run_spec(config, order[0], "cl_es-s0-k1").settings
     assert run_spec(config, order[2], "cl_grpo-s0-k3").init == (order[1], "cl_grpo-s0-k2")
     with pytest.raises(ValueError, match="stage 2 trains on"):
         run_spec(config, order[0], "cl_es-s0-k2")
@@ -53,7 +57,9 @@ def test_planned_runs_cover_the_grid_and_match_the_wildcard(config):
         assert (task, "es-n16-s0") in runs and (task, "grpo-g8-s0") in runs
     assert ("countdown3", "es-n16-norm_none-s0") in runs and ("countdown3", "es-n16-anti-s0") in runs
     assert ("countdown3", "es-then-grpo-s0") in runs
-    assert sum(run.startswith("cl_") for _, run in runs) == 2 * len(config["sequential"]["continual"])
+    # stage 1 of each continual sequence is the main run, not trained again
+    assert sum(run.startswith("cl_") for _, run in runs) == 2 * (len(config["sequential"]["continual"]) - 1)
+    assert not any(run.endswith("-k1") for _, run in runs)
     for task, run in runs:
         assert re.fullmatch(RUN_PATTERN, run), run
         run_spec(config, task, run)

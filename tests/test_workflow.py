@@ -88,3 +88,30 @@ def test_es_runs_train_log_and_evaluate(ci_workflow):
     prompts = read_jsonl(run / "eval_prompts.jsonl")
     assert all(0 <= p["correct"] <= p["n"] for p in prompts)
     json.dumps(prompts[0])
+
+
+def test_second_stages_start_from_the_first_stage_weights(ci_workflow):
+    """ES->GRPO, GRPO->ES and continual stage 2 load the first stage's final weights: the distance each
+    logs from its start equals the distance of its final weights to that first stage's model, and
+    not the distance to the base."""
+    import torch
+
+    from esgrpo.pipeline.analysis import load_params
+
+    tiny = ci_workflow / "tiny"
+    base = load_params(str(tiny / "base" / "model"))
+    for task, run, first in (("countdown3", "es-then-grpo-s0", "es-n4-s0"),
+                             ("countdown3", "grpo-then-es-s0", "grpo-g4-s0"),
+                             ("sum_yesno", "cl_es-s0-k2", "es-n4-s0"), ("sum_yesno", "cl_grpo-s0-k2", "grpo-g4-s0")):
+        summary = read_json(tiny / task / run / "summary.json")
+        first_dir = tiny / ("countdown3" if run.startswith("cl_") else task) / first
+        assert summary["init_model"] == str(first_dir.relative_to(ci_workflow.parent) / "model")
+        final = load_params(str(tiny / task / run / "model"))
+        start = load_params(str(first_dir / "model"))
+
+        def dist(a, b):
+            return float(torch.sqrt(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a)))
+
+        logged = read_jsonl(tiny / task / run / "metrics.jsonl")[-1]["distance_from_init"]
+        assert dist(final, start) == pytest.approx(logged, rel=1e-4), run
+        assert abs(dist(final, base) - logged) > 1e-3 * logged, run  # the base is not where it started

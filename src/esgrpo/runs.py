@@ -13,6 +13,10 @@ people read the same thing:
 | `grpo-then-es-s0`          | ES started from `grpo-g{main}-s0` of the same task           |
 | `cl_es-s0-k2`              | continual sequence, method ES, stage 2 (task = order[1]),   |
 |                            | started from stage 1's checkpoint on order[0]               |
+
+Stage 1 of a continual sequence (train the main run's method on order[0] from the base) is the
+main run on order[0] itself, so it is not trained twice: `cl_es-s0-k2` starts from `es-n16-s0`
+on order[0], and tables read that run as `cl_es-s0-k1` (`continual_stage_one`).
 """
 
 from __future__ import annotations
@@ -95,7 +99,12 @@ def run_spec(config: dict, task: str, run: str) -> RunSpec:
             raise ValueError(f"run {run!r}: stage {stage} trains on {order[stage - 1]!r}, not {task!r}")
         main = main_es_name(config, seed) if method == "es" else main_grpo_name(config, seed)
         spec = run_spec(config, task, main)
-        init = None if stage == 1 else (order[stage - 2], f"cl_{method}-s{seed}-k{stage - 1}")
+        if stage == 1:
+            init = None
+        elif stage == 2:
+            init = (order[0], main)  # stage 1 is the main run (continual_stage_one)
+        else:
+            init = (order[stage - 2], f"cl_{method}-s{seed}-k{stage - 1}")
         return RunSpec(method, spec.settings, seed, init=init, labels={"stage": stage})
     raise ValueError(f"run {run!r} is not a run name; expected one of: es-n16-s0, es-n16-norm_rank-s0, "
                      f"es-n16-anti-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2")
@@ -128,10 +137,19 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
         if not (es if method == "es" else grpo):
             continue
         for s in (es if method == "es" else grpo)["seeds"]:
-            runs += [(t, f"cl_{method}-s{s}-k{k}") for k, t in enumerate(seq["continual"], 1)]
+            runs.append(continual_stage_one(config, method, s)[:2])
+            runs += [(t, f"cl_{method}-s{s}-k{k}") for k, t in enumerate(seq["continual"], 1) if k >= 2]
     seen, unique = set(), []
     for item in runs:
         if item not in seen:
             seen.add(item)
             unique.append(item)
     return unique
+
+
+def continual_stage_one(config: dict, method: str, seed: int) -> tuple[str, str, str]:
+    """(task, run, alias): the main run that is stage 1 of the continual sequence of `method` and
+    `seed`, and the continual name tables give it (``cl_es-s0-k1``)."""
+    order = config["sequential"]["continual"]
+    main = main_es_name(config, seed) if method == "es" else main_grpo_name(config, seed)
+    return order[0], main, f"cl_{method}-s{seed}-k1"

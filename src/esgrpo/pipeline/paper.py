@@ -43,7 +43,7 @@ from esgrpo.config import judged_on
 from esgrpo.io import atomic_write_text, read_jsonl
 from esgrpo.metrics import barrier_height, bootstrap_ci, bootstrap_ci_grouped, pass_at_k
 from esgrpo.report import markdown_table, plt, save_figure
-from esgrpo.runs import CL_RE, ES_RE, GRPO_RE, SEQ_RE, planned_runs
+from esgrpo.runs import CL_RE, ES_RE, GRPO_RE, SEQ_RE, continual_stage_one, planned_runs
 
 N_BOOT = 2000
 TAIL = 0.1  # "first" / "final" value of a training curve: mean over the first / last 10% of steps
@@ -113,6 +113,8 @@ def paper_setup(config: dict) -> dict:
         n_samples[model] = n
     continual = list(seq.get("continual") or [])
     methods = [m for m in seq.get("continual_methods", ["es", "grpo"]) if config.get(m)] if continual else []
+    stage_one = [dict(zip(("task", "run", "alias"), continual_stage_one(config, m, s), strict=True))
+                 for m in methods for s in config[m].get("seeds", [0])]
     return {
         "models": models,
         "judged_on": judged,
@@ -125,6 +127,7 @@ def paper_setup(config: dict) -> dict:
         "sequential_task": seq.get("task") if (es and grpo) else None,
         "continual": continual,
         "continual_methods": methods,
+        "continual_stage_one": stage_one,
         "ablation_task": ((es or {}).get("ablations") or {}).get("task"),
     }
 
@@ -193,6 +196,46 @@ def parse_analysis_path(path: str) -> dict | None:
     return {"model": parts[-4], "analysis": parts[-3], "task": parts[-2], "stem": Path(path).stem}
 
 
+def stage_one_aliases(setup: dict) -> dict[tuple[str, str], str]:
+    """(task, main run) -> the continual name it also stands for (stage 1: ``cl_es-s0-k1``)."""
+    return {(a["task"], a["run"]): a["alias"] for a in setup.get("continual_stage_one", [])}
+
+
+def _wanted(setup: dict, key: str) -> set[str] | None:
+    """The run kinds the running stage reads for input `key` (NEEDS; None = every kind)."""
+    kinds = (setup.get("wanted") or {}).get(key)
+    return None if kinds is None or kinds == "all" else set(kinds)
+
+
+def _with_stage_one(frame: pd.DataFrame, task_column: str, setup: dict, key: str) -> pd.DataFrame:
+    """`frame` plus a copy of every stage-1 main run's rows under its continual name, then only the
+    kinds the stage reads: a continual table sees stage 1, an ES table does not see it twice."""
+    wanted = _wanted(setup, key)
+    aliases = stage_one_aliases(setup)
+    if frame.empty or not aliases:
+        return frame
+    keys = list(zip(frame[task_column], frame["run"], strict=True))
+    alias = pd.Series([aliases.get(k) for k in keys], index=frame.index)
+    copies = frame[alias.notna()].assign(run=alias[alias.notna()])
+    out = pd.concat([frame, copies], ignore_index=True)
+    if wanted is not None:
+        kinds = out["run"].map(lambda r: run_kind(r, setup["main_n"], setup["main_g"]))
+        out = out[kinds.isin(wanted) | (out["run"] == "base")].reset_index(drop=True)
+    return out
+
+
+def _run_kinds(task: str, run: str, setup: dict) -> set[str]:
+    """The kinds a (task, run) file serves: its own, plus cl_* when it is stage 1 of a sequence."""
+    kinds = {run_kind(run, setup["main_n"], setup["main_g"])}
+    alias = stage_one_aliases(setup).get((task, run))
+    return kinds | {run_kind(alias, setup["main_n"], setup["main_g"])} if alias else kinds
+
+
+# Per-run analyses computed for every planned run: a stage-1 main run's file also stands for its
+# continual alias. (Sparsity and KL are computed for main runs only and are not aliased.)
+ALIASED_ANALYSES = ("drift", "theory")
+
+
 def paper_inputs(config: dict, name: str, analysis_paths: Sequence[str] = (), results: str = "results") -> dict:
     """Input files of table / figure `name`: only what the config trains (via planned_runs)."""
     setup = paper_setup(config)
@@ -210,7 +253,7 @@ def paper_inputs(config: dict, name: str, analysis_paths: Sequence[str] = (), re
             for task, run in planned_runs(config, model):
                 if where is not None and task != where:
                     continue
-                if run_kind(run, setup["main_n"], setup["main_g"]) in kinds:
+                if _run_kinds(task, run, setup) & set(kinds):
                     paths.append(f"{results}/{model}/{task}/{run}/{filename}")
         files[key] = paths
     for analysis in ANALYSES:
@@ -222,7 +265,7 @@ def paper_inputs(config: dict, name: str, analysis_paths: Sequence[str] = (), re
             parts = parse_analysis_path(str(path))
             if parts is None or parts["analysis"] != analysis or parts["model"] not in setup["models"]:
                 continue
-            if kinds != "all" and run_kind(parts["stem"], setup["main_n"], setup["main_g"]) not in kinds:
+            if kinds != "all" and not _run_kinds(parts["task"], parts["stem"], setup) & set(kinds):
                 continue
             chosen.append(str(path))
         files[analysis] = sorted(set(chosen))
@@ -251,7 +294,7 @@ def load_prompts(paths: Iterable[str], setup: dict) -> pd.DataFrame:
                "entropy", "seed", "kind", "method", "variant", "prompt", "on_task"]
     if not rows:
         return pd.DataFrame(columns=columns)
-    df = pd.DataFrame(rows)
+    df = _with_stage_one(pd.DataFrame(rows), "train_task", setup, "prompts")
     df["seed"] = df["run"].map(seed_of)
     df["kind"] = df["run"].map(lambda r: run_kind(r, setup["main_n"], setup["main_g"]))
     df["method"] = df["kind"].map(METHOD)
@@ -281,12 +324,11 @@ def load_metrics(paths: Iterable[str], setup: dict) -> pd.DataFrame:
         if not rows:
             continue
         model, task, run = _run_from_path(path)
-        frame = pd.DataFrame(rows).assign(model=model, task=task, run=run)
-        frames.append(frame)
+        frames.append(pd.DataFrame(rows).assign(model=model, task=task, run=run))
     if not frames:
         return pd.DataFrame(columns=["model", "task", "run", "iteration", "fitness_mean", "rollouts",
                                      "generated_tokens", "entropy", "seed", "kind", "method", "variant"])
-    df = pd.concat(frames, ignore_index=True)
+    df = _with_stage_one(pd.concat(frames, ignore_index=True), "task", setup, "metrics")
     df["seed"] = df["run"].map(seed_of)
     df["kind"] = df["run"].map(lambda r: run_kind(r, setup["main_n"], setup["main_g"]))
     df["method"] = df["kind"].map(METHOD)
@@ -310,9 +352,12 @@ def load_analysis(paths: Iterable[str], setup: dict) -> pd.DataFrame:
         if re.fullmatch(r"s\d+", stem):
             frame = frame.assign(seed=int(stem[1:]), run=stem)
         else:
-            kind = run_kind(stem, setup["main_n"], setup["main_g"])
-            frame = frame.assign(run=stem, seed=seed_of(stem), run_kind=kind, method=METHOD[kind],
-                                 variant=variant_of(stem))
+            frame = frame.assign(run=stem)
+            if parts["analysis"] in ALIASED_ANALYSES:
+                frame = _with_stage_one(frame, "task", setup, parts["analysis"])
+            kinds = frame["run"].map(lambda r: run_kind(r, setup["main_n"], setup["main_g"]))
+            frame = frame.assign(seed=frame["run"].map(seed_of), run_kind=kinds, method=kinds.map(METHOD),
+                                 variant=frame["run"].map(variant_of))
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
@@ -1867,4 +1912,5 @@ def run_paper_stage(input, output, params, wildcards, threads):
     fn = TABLES.get(name) or FIGURES.get(name)
     if fn is None:
         raise KeyError(f"unknown paper stage {name!r}")
+    params = {**params, "setup": {**params["setup"], "wanted": NEEDS[name]}}
     fn(input=input, output=output, params=params, wildcards=wildcards, threads=threads)
