@@ -115,3 +115,29 @@ def test_second_stages_start_from_the_first_stage_weights(ci_workflow):
         logged = read_jsonl(tiny / task / run / "metrics.jsonl")[-1]["distance_from_init"]
         assert dist(final, start) == pytest.approx(logged, rel=1e-4), run
         assert abs(dist(final, base) - logged) > 1e-3 * logged, run  # the base is not where it started
+
+
+def test_every_analysis_table_and_figure_is_made(ci_workflow):
+    """`rule all` on the CI grid: analyses with real rows, every paper table in three formats, the claims."""
+    from esgrpo.claims_catalog import CLAIMS
+    from esgrpo.pipeline import paper
+
+    analysis = ci_workflow / "analysis" / "tiny"
+    interp = pd.read_csv(analysis / "interpolation" / "countdown3" / "s0.csv")
+    assert {"es-grpo", "base-es", "base-grpo", "dir-es", "dir-grpo", "dir-random"} <= set(interp["path"])
+    assert sorted(interp.loc[interp["path"] == "es-grpo", "lam"].unique()) == [0.0, 0.5, 1.0]
+    sparsity = pd.read_csv(analysis / "sparsity" / "countdown3" / "es-n4-s0.csv")
+    assert sorted(sparsity["keep_fraction"].dropna().unique()) == [0.0, 0.1, 1.0]
+    drift = pd.read_csv(analysis / "drift" / "sum_yesno" / "cl_es-s0-k2.csv")
+    # stage 2 started from stage 1, not the base: its distance from its start differs from the base's
+    assert abs(drift["init_l2"].pow(2).sum() - drift["l2"].pow(2).sum()) > 1e-6 * drift["l2"].pow(2).sum()
+    for name in [*paper.PAPER_A_TABLES, *paper.PAPER_B_TABLES]:
+        for ext in ("csv", "md", "tex"):
+            assert (ci_workflow / "tables" / f"{name}.{ext}").stat().st_size > 0, (name, ext)
+    for name in [*paper.PAPER_A_FIGURES, *paper.PAPER_B_FIGURES]:
+        assert (ci_workflow / "figures" / f"{name}.png").stat().st_size > 1000, name
+    claims = pd.read_csv(ci_workflow / "tables" / "claims.csv")
+    assert list(claims["id"]) == [c.id for c in CLAIMS]
+    # continual stage 1 (the main run) reaches the sequential table under its continual name
+    sequential = pd.read_csv(ci_workflow / "tables" / "a_sequential.csv")
+    assert 1 in set(sequential["stage"])
