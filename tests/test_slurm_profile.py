@@ -259,3 +259,30 @@ def test_gpu_slots_sets_and_restores_cuda_visible_devices(tmp_path):
     with gpu_slots(1, env=env, lock_dir=tmp_path) as devices:
         assert env["CUDA_VISIBLE_DEVICES"] == devices[0]
     assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_run_stage_holds_the_jobs_gpu_slots(tmp_path, monkeypatch):
+    """The stage entry of every workflow script takes `resources.gpu` slots before the stage runs."""
+    from types import SimpleNamespace
+
+    from esgrpo.workflow import run_stage
+
+    class Named(dict):  # what Snakemake hands a script: items() and attribute access
+        def __getattr__(self, key):
+            return self[key]
+
+    monkeypatch.setenv(SLOTS_ENV, "5,6")
+    monkeypatch.setenv("ESGRPO_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    seen = []
+
+    def stage(input, output, params, wildcards, threads):
+        seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    for gpu in (2, 0):
+        smk = SimpleNamespace(input=Named(), output=Named(), params=Named(), wildcards=Named(), threads=1,
+                              log=[str(tmp_path / f"stage{gpu}.log")], resources=Named(gpu=gpu))
+        run_stage(smk, stage)
+    assert seen == ["5,6", None]
+    assert "CUDA_VISIBLE_DEVICES=5,6" in (tmp_path / "stage2.log").read_text()
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ

@@ -25,8 +25,11 @@ def _plain(value):
 
 
 def run_stage(smk, stage: Callable[..., object]) -> None:
-    """Call `stage(input=..., output=..., params=..., wildcards=..., threads=...)` with the log file open."""
+    """Call `stage(input=..., output=..., params=..., wildcards=..., threads=...)` with the log file open,
+    holding the job's `gpu` resource as GPU slots (esgrpo.gpu_slots; a no-op without ESGRPO_GPU_SLOTS)."""
     import torch
+
+    from esgrpo.gpu_slots import gpu_slots
 
     threads = int(smk.threads or 1)
     # More torch threads than cores is the biggest CPU trap here (CPU-FACTS.md): one per job.
@@ -40,6 +43,9 @@ def run_stage(smk, stage: Callable[..., object]) -> None:
             stack.enter_context(r)
         if handle:
             logging.basicConfig(stream=handle, level=logging.INFO, force=True)
+        devices = stack.enter_context(gpu_slots(int(getattr(smk.resources, "gpu", 0) or 0)))
+        if devices is not None:
+            print(f"GPU slots: CUDA_VISIBLE_DEVICES={','.join(devices)}", flush=True)
         try:
             stage(input=dict(smk.input.items()), output=dict(smk.output.items()),
                   params=_plain(dict(smk.params.items())), wildcards=dict(smk.wildcards.items()),
