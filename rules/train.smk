@@ -18,6 +18,8 @@ rule train_run:
         labels=lambda wc: run_spec_of(wc).labels,
         init_model=init_model_ref,
         progress_dir=lambda wc: f"{RESULTS}/progress/{wc.model}/{wc.task}/{wc.run}",
+        es_backend=config.get("es", {}).get("backend", "hf"),
+        es_engine=config.get("es", {}).get("engine", {}),
     log:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/train.log",
     benchmark:

@@ -312,6 +312,47 @@ def test_train_es_vllm_writes_a_loadable_run_and_resumes_identically(tmp_path):
     assert resumed.rpc_one("es_checksum") == full.rpc_one("es_checksum")
 
 
+def test_train_run_dispatches_es_to_the_vllm_pool(tmp_path, monkeypatch):
+    """es.backend = vllm: the workflow's train stage launches the pool on the start checkpoint with the
+    run's trainable patterns, tokenizes the prompts with its chat template and writes an HF run."""
+    from esgrpo.io import read_json, read_jsonl, write_json, write_jsonl
+    from esgrpo.models import train_tokenizer
+    from esgrpo.pipeline.training import train_run
+    from esgrpo.tasks.base import make_row
+
+    model = tiny_llama()
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    train_tokenizer(["is 2 + 2 = 4? yes or no", "\\boxed{yes}"], vocab_size=300).save_pretrained(base)
+    rows = [make_row(f"q{i}", f"is {i} + {i} = {2 * i}?", "yes") for i in range(6)]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    write_json(tmp_path / "info.json", {"verifier": "yesno"})
+    launched = {}
+
+    def launch(model_ref, num_engines=None, dtype="bfloat16", seed=0, trainable=("*",), **llm_kwargs):
+        launched.update(model_ref=model_ref, num_engines=num_engines, dtype=dtype, trainable=list(trainable),
+                        llm_kwargs=llm_kwargs)
+        return VLLMESPool([LocalEngine(model) for _ in range(num_engines)])
+
+    monkeypatch.setattr(VLLMESPool, "launch", staticmethod(launch))
+    settings = {"population_size": 4, "sigma": 0.05, "alpha": 0.01, "iterations": 2, "prompts_per_iteration": 3,
+                "reward_scheme": "binary", "seed": 1}
+    out = tmp_path / "run"
+    train_run({"train": str(tmp_path / "train.jsonl"), "info": str(tmp_path / "info.json")},
+              {"summary": str(out / "summary.json")},
+              {"method": "es", "settings": settings, "init_model": str(base), "progress_dir": str(tmp_path / "p"),
+               "es_backend": "vllm", "es_engine": {"num_engines": 2, "dtype": "float32", "max_model_len": 64}},
+              {"task": "sum_yesno", "run": "es-n4-s1", "model": "tiny"}, 1)
+    assert launched == {"model_ref": str(base), "num_engines": 2, "dtype": "float32", "trainable": ["*"],
+                        "llm_kwargs": {"max_model_len": 64}}
+    assert [m["iteration"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
+    summary = read_json(out / "summary.json")
+    assert summary["method"] == "es" and summary["init_model"] == str(base)
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out / "model").config.hidden_size == 32
+
+
 def test_copy_model_metadata_skips_weights_and_sets_dtype(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -84,7 +84,8 @@ def software_env(config: dict) -> str:
     """'gpu' when any job of the config needs CUDA or vLLM (envs/gpu.yaml), else 'cpu' (envs/cpu.yaml)."""
     evals = [config.get("eval", {})] + [spec.get("eval", {}) for spec in config["models"].values()]
     gpu_eval = any(ev.get("backend") == "vllm" or str(ev.get("device", "cpu")).startswith("cuda") for ev in evals)
-    gpu_train = bool((config.get("grpo") or {}).get("settings", {}).get("use_vllm"))
+    gpu_train = bool((config.get("grpo") or {}).get("settings", {}).get("use_vllm")) \
+        or (config.get("es") or {}).get("backend") == "vllm"
     return "gpu" if gpu_eval or gpu_train else "cpu"
 
 

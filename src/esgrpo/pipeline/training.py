@@ -22,13 +22,17 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
         from esgrpo.es import ESConfig, make_population_evaluator, train_es
 
         cfg = ESConfig.from_dict(settings)
-        model, tokenizer = load_model(params["init_model"], dtype=params.get("dtype", "float32"))
 
         def reward_fn(text: str, row: dict) -> float:
             return reward(verifier, text, row["answer"], row["meta"], cfg.reward_scheme, cfg.format_bonus)
 
-        evaluator = make_population_evaluator(model, tokenizer, reward_fn)
-        summary = train_es(model, tokenizer, rows, cfg, evaluator, out_dir, progress_dir)
+        if params.get("es_backend", "hf") == "vllm":
+            summary = train_es_on_vllm(params["init_model"], rows, cfg, reward_fn, out_dir, progress_dir,
+                                       params.get("es_engine") or {})
+        else:
+            model, tokenizer = load_model(params["init_model"], dtype=params.get("dtype", "float32"))
+            evaluator = make_population_evaluator(model, tokenizer, reward_fn)
+            summary = train_es(model, tokenizer, rows, cfg, evaluator, out_dir, progress_dir)
     elif method == "grpo":
         from esgrpo.grpo import GRPOSettings, train_grpo
 
@@ -41,3 +45,19 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
     write_json(output["summary"], {**summary, "method": method, "init_model": params["init_model"],
                                    "labels": params.get("labels", {}),
                                    "provenance": provenance(params, settings.get("seed"))})
+
+
+def train_es_on_vllm(init_model: str, rows: list[dict], cfg, reward_fn, out_dir: Path, progress_dir: Path,
+                     engine: dict) -> dict:
+    """ES with one vLLM engine per GPU (`esgrpo.vllm_es`): the es.backend = vllm path of `train_run`."""
+    from transformers import AutoTokenizer
+
+    from esgrpo.vllm_engine import prompt_token_ids
+    from esgrpo.vllm_es import VLLMESPool, train_es_vllm
+
+    engine = dict(engine)
+    pool = VLLMESPool.launch(init_model, num_engines=engine.pop("num_engines", None),
+                             dtype=engine.pop("dtype", "bfloat16"), seed=cfg.seed, trainable=cfg.trainable, **engine)
+    tokenizer = AutoTokenizer.from_pretrained(init_model)
+    prompt_ids = dict(zip([r["id"] for r in rows], prompt_token_ids(tokenizer, rows), strict=True))
+    return train_es_vllm(pool, init_model, prompt_ids, rows, cfg, reward_fn, out_dir, progress_dir)
