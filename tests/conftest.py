@@ -31,6 +31,7 @@ def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = No
         ExecutionSettings,
         OutputSettings,
         ResourceSettings,
+        SchedulingSettings,
     )
 
     with SnakemakeApi(OutputSettings(dryrun=dryrun, quiet={"progress"} if not dryrun else set())) as api:
@@ -41,8 +42,10 @@ def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = No
             workdir=workdir,
         )
         dag = workflow.dag(DAGSettings(targets=frozenset(targets or [])))
+        # greedy, as profiles/default sets: the ILP scheduler's solver costs CPU the jobs need
         dag.execute_workflow(executor="dryrun" if dryrun else "local",
-                             execution_settings=ExecutionSettings())
+                             execution_settings=ExecutionSettings(),
+                             scheduling_settings=SchedulingSettings(scheduler="greedy"))
 
 
 @pytest.fixture(scope="session")
