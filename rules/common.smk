@@ -165,13 +165,13 @@ def analysis_targets(model):
     wanted, out = set(ANALYSIS["analyses"]), []
     a = f"{ANALYSIS_DIR}/{model}"
     runs = planned_runs(config, model)
-    if "drift" in wanted:
-        out += [f"{a}/drift/{t}/{r}.csv" for t, r in runs]
+    main = analysis_main_runs(model)
+    if "drift" in wanted:  # what the drift tables read: main runs and the continual stages
+        out += [f"{a}/drift/{t}/{r}.csv" for t, r in runs if (t, r) in main or r.startswith("cl_")]
     if "theory" in wanted:
         for t, r in runs:
             if run_spec(config, t, r).method == "es":
                 out += [f"{a}/theory/{t}/{r}.csv", f"{a}/theory/{t}/{r}.json"]
-    main = analysis_main_runs(model)
     if "sparsity" in wanted:
         out += [f"{a}/sparsity/{t}/{r}.csv" for t, r in main]
     if "kl" in wanted:
