@@ -25,6 +25,7 @@ def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = No
                  cores: int = 2) -> None:
     """Run (or dry-run) the workflow in `workdir` through the Snakemake API."""
     from snakemake.api import SnakemakeApi
+    from snakemake.scheduling.greedy import SchedulerSettings as GreedySchedulerSettings
     from snakemake.settings.types import (
         ConfigSettings,
         DAGSettings,
@@ -45,7 +46,8 @@ def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = No
         # greedy, as profiles/default sets: the ILP scheduler's solver costs CPU the jobs need
         dag.execute_workflow(executor="dryrun" if dryrun else "local",
                              execution_settings=ExecutionSettings(),
-                             scheduling_settings=SchedulingSettings(scheduler="greedy"))
+                             scheduling_settings=SchedulingSettings(scheduler="greedy"),
+                             scheduler_settings=GreedySchedulerSettings())
 
 
 @pytest.fixture(scope="session")
