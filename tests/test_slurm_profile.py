@@ -286,3 +286,34 @@ def test_run_stage_holds_the_jobs_gpu_slots(tmp_path, monkeypatch):
     assert seen == ["5,6", None]
     assert "CUDA_VISIBLE_DEVICES=5,6" in (tmp_path / "stage2.log").read_text()
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_run_stage_leaves_torch_unimported_for_stages_without_it(tmp_path):
+    """Table, figure and theory jobs skip torch's import (seconds per job on the default grid); a later
+    torch import still gets the job's thread count."""
+    code = f"""
+import sys
+from types import SimpleNamespace
+from esgrpo.workflow import run_stage
+
+class Named(dict):  # Snakemake's namedlists: a missing name is an AttributeError
+    def __getattr__(self, key):
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+def stage(input, output, params, wildcards, threads):
+    assert "torch" not in sys.modules
+    import torch
+    print("threads", torch.get_num_threads())
+
+smk = SimpleNamespace(input=Named(), output=Named(), params=Named(), wildcards=Named(), threads=1,
+                      log=[{str(tmp_path / "stage.log")!r}], resources=Named())
+run_stage(smk, stage)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["PYTHONPATH"] = str(REPO / "src")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "threads 1" in (tmp_path / "stage.log").read_text()

@@ -27,13 +27,15 @@ def _plain(value):
 def run_stage(smk, stage: Callable[..., object]) -> None:
     """Call `stage(input=..., output=..., params=..., wildcards=..., threads=...)` with the log file open,
     holding the job's `gpu` resource as GPU slots (esgrpo.gpu_slots; a no-op without ESGRPO_GPU_SLOTS)."""
-    import torch
-
     from esgrpo.gpu_slots import gpu_slots
 
     threads = int(smk.threads or 1)
-    # More torch threads than cores is the biggest CPU trap here (CPU-FACTS.md): one per job.
-    torch.set_num_threads(threads)
+    # More torch threads than cores is the biggest CPU trap here (CPU-FACTS.md): one per job. Stages
+    # that need no torch (tables, figures, the ES norm theory) must not pay its ~4 s import here, so
+    # the setting goes to an already imported torch and, through OMP_NUM_THREADS, to a later one.
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     log_path = smk.log[0] if len(smk.log) else None
     handle = open(log_path, "w", buffering=1) if log_path else None
