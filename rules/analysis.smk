@@ -5,7 +5,7 @@
 
 rule analysis_all:
     input:
-        all_analysis_targets(),
+        ALL_ANALYSIS_TARGETS,
     localrule: True
 
 

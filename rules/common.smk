@@ -185,8 +185,8 @@ def analysis_targets(model):
     return out
 
 
-def all_analysis_targets():
-    return [path for model in MODELS for path in analysis_targets(model)]
+# Fixed for the run: computed once, not again in every paper table's input function.
+ALL_ANALYSIS_TARGETS = [path for model in MODELS for path in analysis_targets(model)]
 
 
 def analysis_method(wildcards):
@@ -267,7 +267,7 @@ def figure_targets(name):
 
 def paper_input_function(name):
     def inputs(wildcards):
-        return paper_stages.paper_inputs(config, name, all_analysis_targets(), RESULTS)
+        return paper_stages.paper_inputs(config, name, ALL_ANALYSIS_TARGETS, RESULTS)
 
     return inputs
 
@@ -299,4 +299,4 @@ def run_eval_targets(model=None):
 def all_targets():
     """Every evaluation, analysis, table and figure."""
     targets = [*table_targets("base_passk"), *figure_targets("base_passk"), *run_eval_targets()]
-    return [*targets, *all_analysis_targets(), *paper_targets()]
+    return [*targets, *ALL_ANALYSIS_TARGETS, *paper_targets()]
