@@ -48,8 +48,9 @@ Columns (the first ones are those the tables read; trailing ones identify the fi
   with the next configured seed), model, task, seed, seed_b, norm_a, norm_b, numel.
 - sparsity: kind (top_fraction | reset_module), keep_fraction (NaN for reset_module),
   module_type (empty for top_fraction), n_kept (changed coordinates still moved), n_changed,
-  greedy, mean@n, pass@1, pass@kmax (k = n_samples), n_samples, n_prompts, model, task, run,
-  method. Evaluated on the run's own task.
+  eval_task, greedy, mean@n, pass@1, pass@kmax (k = n_samples), n_samples, n_prompts, model, task,
+  run, method. Evaluated on the tasks that measure the run's training (its own task, or e.g.
+  MATH-500 for DeepScaleR: esgrpo.config.judged_on).
 - kl: eval_task, token_mean, prompt_mean, sequence_mean, n_tokens, n_sequences, n_prompts,
   model, task, run, method. KL(base || run) per completion token, full vocabulary, on
   continuations sampled once from the base (``base_samples``), under the raw (untempered)
