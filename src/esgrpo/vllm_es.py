@@ -114,16 +114,30 @@ def is_fused(name: str) -> bool:
     return any(f".{kind}." in name for kind in FUSED)
 
 
+def vocab_rows(name: str, shape: Sequence[int], config: Any) -> int | None:
+    """The checkpoint's row count of a vocabulary tensor that vLLM padded, else None.
+
+    vLLM pads embedding and lm_head rows to a multiple of 64; the rows past ``vocab_size`` are
+    not part of the model (HF layout has none).
+    """
+    vocab = _get(config, "vocab_size")
+    if vocab and name.endswith(("embed_tokens.weight", "lm_head.weight")) and len(shape) == 2 \
+            and int(shape[0]) > int(vocab):
+        return int(vocab)
+    return None
+
+
 def unfuse_state_dict(fused: Mapping[str, torch.Tensor], config: Any) -> dict[str, torch.Tensor]:
     """vLLM layout -> HF layout: ``qkv_proj`` -> q/k/v_proj, ``gate_up_proj`` -> gate/up_proj.
 
-    Other tensors pass through. With tied embeddings a separate ``lm_head.weight`` is dropped
-    (HF stores the embedding once). Pieces are contiguous copies (safetensors needs that).
+    Other tensors pass through, less the vocabulary rows vLLM padded (`vocab_rows`). With tied
+    embeddings a separate ``lm_head.weight`` is dropped (HF stores the embedding once). Pieces are contiguous copies (safetensors needs that).
     """
     out: dict[str, torch.Tensor] = {}
     for name, tensor in fused.items():
         if not is_fused(name):
-            out[name] = tensor
+            rows = vocab_rows(name, tuple(tensor.shape), config)
+            out[name] = tensor if rows is None else tensor[:rows].contiguous().clone()
             continue
         for part in parts_of(name, tuple(tensor.shape), config):
             if part.name in out:
@@ -163,10 +177,16 @@ def fuse_state_dict(hf: Mapping[str, torch.Tensor], config: Any) -> dict[str, to
 
 def fused_noise(member_seed: int, name: str, shape: Sequence[int], config: Any,
                 device: torch.device | str = "cpu") -> torch.Tensor:
-    """`tensor_noise` of the HF tensors a (possibly fused) tensor holds, stacked as vLLM stacks them."""
+    """`tensor_noise` of the HF tensors a (possibly fused or vocabulary-padded) tensor holds, laid out as in vLLM."""
     parts = parts_of(name, shape, config)
     if len(parts) == 1 and parts[0].name == name:
-        return tensor_noise(member_seed, name, shape, device)
+        rows = vocab_rows(name, shape, config)
+        if rows is None:
+            return tensor_noise(member_seed, name, shape, device)
+        # the checkpoint's rows get the HF-layout noise; vLLM's padding rows stay put
+        noise = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
+        noise[:rows] = tensor_noise(member_seed, name, (rows, *shape[1:]), device)
+        return noise
     rest = tuple(shape[1:])
     return torch.cat([tensor_noise(member_seed, p.name, (p.stop - p.start, *rest), device) for p in parts], dim=0)
 
@@ -207,14 +227,46 @@ class ESWorkerExtension:
                 return model_config.hf_config
         raise AttributeError("no model_config.hf_config on this worker; pass hf_config to es_init")
 
+    def _es_model_ref(self) -> str:
+        for owner in (getattr(self, "vllm_config", None), self.model_runner, self):
+            model_config = getattr(owner, "model_config", None)
+            if getattr(model_config, "model", None):
+                return str(model_config.model)
+        raise AttributeError("no model_config.model on this worker: cannot find the checkpoint")
+
     def _es_params(self) -> dict[str, torch.nn.Parameter]:
         return dict(self._es_model().named_parameters())
+
+    def _es_unpack_cpu_linears(self) -> list[str]:
+        """Make vLLM's CPU backend compute its linear layers from the live `weight` Parameters.
+
+        On CPU, vLLM hands each linear layer's weight to a oneDNN / packed kernel
+        (``layer.cpu_linear``) and replaces ``layer.weight`` with an empty tensor, so in-place
+        writes would change nothing. Here the dropped weights are read back from the checkpoint
+        (fused as vLLM fuses them) and every such layer computes ``F.linear(x, layer.weight, b)``:
+        slower than the packed kernel, but perturbations take effect. No module has
+        ``cpu_linear`` on GPU, where this does nothing.
+        """
+        packed = {name: m for name, m in self._es_model().named_modules() if hasattr(m, "cpu_linear")}
+        dropped = [name for name, m in packed.items() if m.weight.numel() == 0]
+        if dropped:
+            state = fuse_state_dict(checkpoint_state_dict(self._es_model_ref()), self._es_hf_config())
+            for name in dropped:
+                key, layer = f"{name}.weight", packed[name]
+                if key not in state:
+                    raise KeyError(f"{key}: vLLM's CPU backend dropped it and the checkpoint does not hold it")
+                layer.weight = torch.nn.Parameter(state[key].to(device=layer.weight.device, dtype=layer.weight.dtype),
+                                                  requires_grad=False)
+        for layer in packed.values():
+            layer.cpu_linear = torch.nn.functional.linear
+        return sorted(packed)
 
     # -- state
     def es_init(self, trainable: Sequence[str] = ("*",), theta0_device: str = "cpu",
                 hf_config: Any = None) -> dict[str, Any]:
         """Take the fp32 master copy of the trainable tensors (and theta0, for distances)."""
         self._es_config_override = hf_config
+        self._es_unpack_cpu_linears()
         params = self._es_params()
         names = [n for n in params if any(fnmatch.fnmatchcase(n, p) for p in trainable)]
         if not names:
@@ -222,7 +274,7 @@ class ESWorkerExtension:
         self._es_names = names
         self._es_theta = {n: params[n].detach().to(torch.float32).clone() for n in names}
         self._es_theta0 = {n: t.to(theta0_device, copy=True) for n, t in self._es_theta.items()}
-        return {"tensors": len(names), "parameters": int(sum(t.numel() for t in self._es_theta.values())),
+        return {"tensors": len(names), "parameters": self.es_parameter_count(),
                 "fused": sorted(n for n in names if is_fused(n))}
 
     @torch.no_grad()
@@ -262,7 +314,16 @@ class ESWorkerExtension:
                              for n, t in self._es_theta.items()))
 
     def es_parameter_count(self) -> int:
-        return int(sum(t.numel() for t in self._es_theta.values()))
+        """d of the norm theory: the checkpoint's trainable parameters (vLLM's vocabulary padding left out)."""
+        config, total = self._es_hf_config(), 0
+        for name, t in self._es_theta.items():
+            rows = vocab_rows(name, tuple(t.shape), config)
+            total += t.numel() if rows is None else rows * (t.numel() // t.shape[0])
+        return int(total)
+
+    def es_shapes(self) -> dict[str, list[int]]:
+        """The trainable tensors' shapes as this engine holds them (fused, vocabulary padded)."""
+        return {n: list(t.shape) for n, t in self._es_theta.items()}
 
     def es_checksum(self) -> float:
         """A fingerprint of theta: engines that drifted apart give different values."""
@@ -321,17 +382,23 @@ def _wait(results: list[Any]) -> list[Any]:
 
 
 class VLLMESEngine:
-    """One vLLM engine with the ES extension; run as a Ray actor (one GPU) by `VLLMESPool.launch`."""
+    """One vLLM engine with the ES extension; run as a Ray actor (one GPU) by `VLLMESPool.launch`.
+
+    ``llm`` may be an existing `vllm.LLM` built with ``worker_extension_cls=WORKER_EXTENSION`` and
+    prefix caching off (a local engine, e.g. on vLLM's CPU build); otherwise one is built.
+    """
 
     def __init__(self, model_ref: str, dtype: str = "bfloat16", seed: int = 0,
-                 trainable: Sequence[str] = ("*",), llm_kwargs: Mapping[str, Any] | None = None):
-        from vllm import LLM
+                 trainable: Sequence[str] = ("*",), llm_kwargs: Mapping[str, Any] | None = None, llm: Any = None):
+        if llm is None:
+            from vllm import LLM
 
-        # Prefix caching would hand member n+1 the prompt KV computed under member n's weights:
-        # off by default (perturbing weights in place invalidates every cached block).
-        kwargs = {"gpu_memory_utilization": 0.6, "enable_prefix_caching": False, **dict(llm_kwargs or {})}
-        self.llm = LLM(model=str(model_ref), dtype=dtype, seed=int(seed), tensor_parallel_size=1,
-                       worker_extension_cls=WORKER_EXTENSION, **kwargs)
+            # Prefix caching would hand member n+1 the prompt KV computed under member n's weights:
+            # off by default (perturbing weights in place invalidates every cached block).
+            kwargs = {"gpu_memory_utilization": 0.6, "enable_prefix_caching": False, **dict(llm_kwargs or {})}
+            llm = LLM(model=str(model_ref), dtype=dtype, seed=int(seed), tensor_parallel_size=1,
+                      worker_extension_cls=WORKER_EXTENSION, **kwargs)
+        self.llm = llm
         self.info = self.rpc("es_init", list(trainable))
 
     def rpc(self, method: str, *args: Any) -> Any:
@@ -428,6 +495,31 @@ def population_fitness(texts: Sequence[Sequence[tuple[str, int]]], rows: Sequenc
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json", ".msgpack", ".h5")
 
 
+def _local_model_dir(model_ref: str, patterns: Sequence[str]) -> Path:
+    """`model_ref` if it is a folder, else the Hub snapshot holding `patterns` (cached, offline-friendly)."""
+    source = Path(str(model_ref))
+    if source.is_dir():
+        return source
+    if source.is_absolute() or str(model_ref).startswith(".") or str(model_ref).count("/") > 1:
+        raise FileNotFoundError(f"{model_ref}: no such model folder (and not a Hub id)")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(model_ref), allow_patterns=list(patterns)))
+
+
+def checkpoint_state_dict(model_ref: str) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors checkpoint (folder or Hub id), in HF names."""
+    from safetensors.torch import load_file
+
+    files = sorted(_local_model_dir(model_ref, ["*.safetensors"]).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_ref}: no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for path in files:
+        state.update(load_file(str(path)))
+    return state
+
+
 def copy_model_metadata(model_ref: str, out_dir: str | os.PathLike, dtype: str = "float32") -> None:
     """config, generation config, tokenizer and chat template of `model_ref` (folder or Hub id), no weights.
 
@@ -435,13 +527,7 @@ def copy_model_metadata(model_ref: str, out_dir: str | os.PathLike, dtype: str =
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    source = Path(str(model_ref))
-    if not source.is_dir():
-        from huggingface_hub import snapshot_download
-
-        source = Path(snapshot_download(str(model_ref), allow_patterns=["*.json", "*.txt", "*.model", "*.jinja",
-                                                                         "*.tiktoken", "*.py"],
-                                        ignore_patterns=["*.index.json"]))
+    source = _local_model_dir(model_ref, ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"])
     for path in source.iterdir():
         if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES):
             shutil.copy2(path, out_dir / path.name)
