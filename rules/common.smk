@@ -8,7 +8,15 @@ from pathlib import Path
 from esgrpo.config import check_config, judged_on, model_eval_tasks, software_env, task_splits
 from esgrpo.pipeline import paper as paper_stages
 from esgrpo.pipeline.analysis import analysis_config, analysis_eval_settings
-from esgrpo.runs import RUN_PATTERN, main_es_name, main_grpo_name, planned_runs, run_spec
+from esgrpo.runs import (
+    RUN_PATTERN,
+    SNAPSHOT_RUN_PATTERN,
+    TRAINED_RUN_PATTERN,
+    main_es_name,
+    main_grpo_name,
+    planned_runs,
+    run_spec,
+)
 
 check_config(config)
 
@@ -113,6 +121,11 @@ def init_model_ref(wildcards):
     if spec.init is None:
         return base_model_ref(wildcards)
     return f"{run_dir(wildcards.model, *spec.init)}/model"
+
+
+def snapshot_parent_dir(wildcards):
+    """The folder of the ES run a snapshot run was exported by."""
+    return run_dir(wildcards.model, *run_spec_of(wildcards).init)
 
 
 def init_model_files(wildcards):

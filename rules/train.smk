@@ -24,6 +24,8 @@ rule train_run:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/train.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/train.tsv"
+    wildcard_constraints:
+        run=TRAINED_RUN_PATTERN,
     threads: 1
     resources:
         mem_mb=4000,
@@ -32,3 +34,31 @@ rule train_run:
         SOFTWARE_ENV
     script:
         "../workflow_scripts/train_run.py"
+
+
+# A main ES run's model after K of its iterations (es.snapshots) becomes run es-n{N}-it{K}-s{seed}:
+# the training job exported it under its own folder (snapshots/it{K}/); this links it into place.
+rule es_snapshot:
+    input:
+        model=lambda wc: f"{snapshot_parent_dir(wc)}/model",
+        metrics=lambda wc: f"{snapshot_parent_dir(wc)}/metrics.jsonl",
+        summary=lambda wc: f"{snapshot_parent_dir(wc)}/summary.json",
+    output:
+        model=directory(f"{RESULTS}/{{model}}/{{task}}/{{run}}/model"),
+        metrics=f"{RESULTS}/{{model}}/{{task}}/{{run}}/metrics.jsonl",
+        summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/summary.json",
+    params:
+        iteration=lambda wc: run_spec_of(wc).labels["iterations"],
+        parent=lambda wc: run_spec_of(wc).labels["snapshot_of"],
+        settings=lambda wc: run_spec_of(wc).settings,
+        labels=lambda wc: run_spec_of(wc).labels,
+    wildcard_constraints:
+        run=SNAPSHOT_RUN_PATTERN,
+    localrule: True
+    log:
+        f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/snapshot.log",
+    threads: 1
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../workflow_scripts/es_snapshot.py"

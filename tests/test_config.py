@@ -29,6 +29,8 @@ def test_shipped_configs_pass(default_config):
     (lambda c: c["es"]["settings"].update({"sigmaa": 0.1}), "sigmaa"),
     (lambda c: c["es"]["settings"].update({"normalization": "minmax"}), "normalization"),
     (lambda c: c["es"]["ablations"].update({"task": "gsm8k"}), "es.ablations.task"),
+    (lambda c: c["es"].update({"snapshots": [c["es"]["settings"]["iterations"]]}), "es.snapshots"),
+    (lambda c: c["es"]["settings"].update({"snapshots": [2]}), "es.settings.snapshots: list the iterations"),
 ])
 def test_bad_config_names_the_key(default_config, mutate, message):
     config = copy.deepcopy(default_config)

@@ -7,6 +7,7 @@ objective, not a stand-in for ES logic), so the tests see exactly what ES does t
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
 import signal
@@ -413,6 +414,47 @@ def test_checkpoint_schedule_and_extending_a_finished_run(tmp_path):
                        tmp_path / "ext", tmp_path / "ext_p", log=messages.append)
     assert summary["resumed_from"] is None and any("afresh" in m for m in messages)
     assert [r["iteration"] for r in read_jsonl(tmp_path / "ext" / "metrics.jsonl")] == [1, 2]
+
+
+def test_snapshots_are_the_shorter_runs_and_survive_a_resume(tmp_path):
+    """A 5-iteration run with snapshots at 2 and 3 exports exactly the 2- and 3-iteration runs' models, and a
+    run resumed past a snapshot (killed after 3, extended to 5) still has it."""
+    from esgrpo.es import snapshot_dir
+
+    target = {k: v.detach().float() + 0.1 for k, v in tiny_llama(seed=1).named_parameters()}
+    evaluate = quadratic_evaluator(target)
+    base = {"population_size": 4, "sigma": 0.02, "alpha": 0.01, "checkpoint_every": 1, "seed": 4}
+    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, snapshots=[3, 2], **base), evaluate,
+                       tmp_path / "long", tmp_path / "long_p", log=lambda s: None)
+    assert summary["config"]["snapshots"] == [2, 3]
+    for k in (2, 3):
+        train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=k, **base), evaluate,
+                 tmp_path / f"short{k}", tmp_path / f"short{k}_p", log=lambda s: None)
+        snap = load_file(str(snapshot_dir(tmp_path / "long", k) / "model" / "model.safetensors"))
+        short = saved_weights(tmp_path / f"short{k}")
+        assert snap.keys() == short.keys() and all(torch.equal(snap[n], short[n]) for n in snap)
+        record = json.loads((snapshot_dir(tmp_path / "long", k) / "snapshot.json").read_text())
+        short_summary = json.loads((tmp_path / f"short{k}" / "summary.json").read_text())
+        assert record["iteration"] == k
+        for key in ("updates", "distance_from_init", "theory_distance", "rollouts", "trainable_parameters"):
+            assert record[key] == pytest.approx(short_summary[key], rel=1e-12), key
+    # snapshots are not part of the resume fingerprint: adding one does not restart a run
+    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=3, snapshots=[2], **base), evaluate,
+             tmp_path / "ext", tmp_path / "ext_p", log=lambda s: None)
+    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, snapshots=[2, 4], **base), evaluate,
+                       tmp_path / "ext", tmp_path / "ext_p", log=lambda s: None)
+    assert summary["resumed_from"] == 3
+    assert sorted(p.name for p in (tmp_path / "ext" / "snapshots").iterdir()) == ["it2", "it4"]
+    ext4 = load_file(str(snapshot_dir(tmp_path / "ext", 4) / "model" / "model.safetensors"))
+    ext5, long5 = saved_weights(tmp_path / "ext"), saved_weights(tmp_path / "long")
+    assert all(torch.equal(ext5[n], long5[n]) for n in long5)  # the resumed run ends where the long one did
+    assert not all(torch.equal(ext4[n], long5[n]) for n in long5)  # and its snapshot is an earlier model
+
+
+@pytest.mark.parametrize("snapshots", [[0], [5], [2.5], "3"])
+def test_snapshots_must_lie_inside_the_run(snapshots):
+    with pytest.raises(ValueError, match="snapshots"):
+        ESConfig(iterations=5, snapshots=snapshots)
 
 
 # --------------------------------------------------------------------------- ES behaves as theory says

@@ -42,7 +42,9 @@ def expected_jobs(name: str) -> dict[str, int]:
         single = len(PAPER_A_MODELS) * len(PAPER_A_TASKS) * 2            # ES N=30 and GRPO G=8, one seed
         continual = len(PAPER_A_MODELS) * (len(PAPER_A_TASKS) - 1) * 2  # stages 2-4 x {ES, GRPO}; 1 = main run
         runs = single + continual
-        return {"prepare_task": 4, "eval_base": 2, "train_run": runs, "eval_run": runs, "table_base_passk": 1}
+        snapshots = len(PAPER_A_MODELS) * len(PAPER_A_TASKS)            # ES after 100 of its 300 iterations
+        return {"prepare_task": 4, "eval_base": 2, "train_run": runs, "es_snapshot": snapshots,
+                "eval_run": runs + snapshots, "table_base_passk": 1}
     if name == "paper_b":
         easy = len(PAPER_B_EASY) * (1 + 3 + 2 + 1 + 1)  # ES N=32; N in {8,16,64}; rank, none; antithetic; GRPO
         hard = len(PAPER_B_HARD_TRAIN_TASKS) * 2 + 2    # ES and GRPO per task; ES->GRPO, GRPO->ES on DeepScaleR
@@ -68,6 +70,7 @@ def test_paper_a_settings_are_the_papers():
     assert (s["sigma"], s["alpha"]) == (1.5e-3, 7.5e-4)
     assert (s["fitness_temperature"], s["fitness_top_p"], s["max_new_tokens"]) == (1.0, 0.95, 1024)
     assert s["iterations"] == 300 and s["prompts_per_iteration"] == 200 and s["resample_prompts"] is False
+    assert es["snapshots"] == [100]  # the paper's 100-iteration budget, from the same runs
     assert s["normalization"] == "zscore" and s["reward_scheme"] == "binary"
     g = c["grpo"]
     assert g["group_sizes"] == [8]

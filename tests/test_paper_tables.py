@@ -197,6 +197,10 @@ def test_run_names_classify_and_carry_their_seed():
                      "es-then-grpo-s1": "es->grpo", "grpo-then-es-s0": "grpo->es", "cl_es-s3-k2": "cl_es"}
     assert [paper.seed_of(r) for r in ("es-n16-s3", "cl_grpo-s2-k4", "es-then-grpo-s1", "base")] == [3, 2, 1, -1]
     assert paper.variant_of("cl_es-s3-k2") == "cl_es-k2" and paper.variant_of("es-n16-norm_rank-s0") == "es-n16-norm_rank"
+    # a snapshot of the main ES run: its own kind, its budget in the method column, its seed
+    assert paper.run_kind("es-n16-it100-s2", 16, 8) == "es_snap" and paper.seed_of("es-n16-it100-s2") == 2
+    assert paper.method_of("es-n16-it100-s2", "es_snap") == "ES (100 it)" and paper.method_of("x", "es") == "ES"
+    assert paper.variant_of("es-n16-it100-s2") == "es-n16-it100"
 
 
 def test_matched_rollouts_picks_the_last_step_within_the_smaller_total():

@@ -9,7 +9,14 @@ import yaml
 from conftest import REPO
 
 from esgrpo.io import append_jsonl, read_jsonl, write_json
-from esgrpo.runs import RUN_PATTERN, continual_stage_one, planned_runs, run_spec
+from esgrpo.runs import (
+    RUN_PATTERN,
+    SNAPSHOT_RUN_PATTERN,
+    TRAINED_RUN_PATTERN,
+    continual_stage_one,
+    planned_runs,
+    run_spec,
+)
 
 
 @pytest.fixture
@@ -63,6 +70,33 @@ def test_planned_runs_cover_the_grid_and_match_the_wildcard(config):
     for task, run in runs:
         assert re.fullmatch(RUN_PATTERN, run), run
         run_spec(config, task, run)
+
+
+def test_snapshot_runs_come_from_the_main_es_run(config):
+    """es.snapshots: only the main ES run exports them (its settings carry the list); each is a planned run
+    named es-n{N}-it{K}-s{seed} that starts from nothing but that run."""
+    n = config["es"]["population_sizes"][0]
+    assert run_spec(config, "countdown3", f"es-n{n}-s0").settings["snapshots"] == []
+    config["es"]["snapshots"] = [10, 5]
+    main = run_spec(config, "countdown3", f"es-n{n}-s0")
+    assert main.settings["snapshots"] == [5, 10]
+    for other in (f"es-n{n}-norm_rank-s0", "grpo-then-es-s0"):
+        assert not run_spec(config, "countdown3", other).settings.get("snapshots"), other
+    assert not run_spec(config, config["sequential"]["continual"][1], "cl_es-s0-k2").settings.get("snapshots")
+    snap = run_spec(config, "countdown3", f"es-n{n}-it5-s0")
+    assert snap.method == "snapshot" and snap.init == ("countdown3", f"es-n{n}-s0")
+    assert snap.settings["iterations"] == 5 and snap.labels == {"population": n, "iterations": 5,
+                                                                 "snapshot_of": f"es-n{n}-s0"}
+    runs = planned_runs(config, "tiny")
+    for task in config["models"]["tiny"]["tasks"]:
+        assert (task, f"es-n{n}-it5-s0") in runs and (task, f"es-n{n}-it10-s0") in runs
+    for bad in (f"es-n{n}-it7-s0", "es-n999-it5-s0"):
+        with pytest.raises(ValueError, match="only the main ES run"):
+            run_spec(config, "countdown3", bad)
+    assert re.fullmatch(TRAINED_RUN_PATTERN, f"es-n{n}-s0") and not re.fullmatch(TRAINED_RUN_PATTERN,
+                                                                                    f"es-n{n}-it5-s0")
+    assert re.fullmatch(SNAPSHOT_RUN_PATTERN, f"es-n{n}-it5-s0") and not re.fullmatch(SNAPSHOT_RUN_PATTERN,
+                                                                                        f"es-n{n}-s0")
 
 
 def test_atomic_json_and_torn_jsonl_tail(tmp_path):

@@ -90,6 +90,32 @@ def test_es_runs_train_log_and_evaluate(ci_workflow):
     json.dumps(prompts[0])
 
 
+def test_es_snapshot_is_a_run_of_its_own(ci_workflow):
+    """es.snapshots: [2] makes es-n4-it2-s0 on every task from the main ES run's export after 2 of its 3
+    iterations: the same files (hard links), its first 2 metric rows, an evaluation, and a column of
+    a_accuracy."""
+    import pandas as pd
+
+    from esgrpo.pipeline.analysis import load_params
+
+    tiny = ci_workflow / "tiny"
+    for task in ("countdown3", "sum_yesno"):
+        parent, snap = tiny / task / "es-n4-s0", tiny / task / "es-n4-it2-s0"
+        for path in (parent / "snapshots" / "it2" / "model").iterdir():
+            assert (snap / "model" / path.name).samefile(path)
+        rows = read_jsonl(snap / "metrics.jsonl")
+        assert rows == read_jsonl(parent / "metrics.jsonl")[:2]
+        summary = read_json(snap / "summary.json")
+        assert summary["iteration"] == summary["iterations"] == 2 and summary["snapshot_of"] == "es-n4-s0"
+        assert summary["distance_from_init"] == pytest.approx(rows[-1]["distance_from_init"], rel=1e-9)
+        weights, final = load_params(str(snap / "model")), load_params(str(parent / "model"))
+        assert any(not bool((weights[k] == final[k]).all()) for k in final)  # 2 iterations, not 3
+        assert {ev["eval_task"] for ev in read_json(snap / "eval.json")["evaluations"]} == {"countdown3", "sum_yesno"}
+    table = pd.read_csv(ci_workflow / "tables" / "a_accuracy.csv")
+    on_task = table[table["budget"] == "iterations"]
+    assert {"base", "ES", "ES (2 it)", "GRPO"} <= set(on_task["method"])
+
+
 def test_second_stages_start_from_the_first_stage_weights(ci_workflow):
     """ES->GRPO, GRPO->ES and continual stage 2 load the first stage's final weights: the distance each
     logs from its start equals the distance of its final weights to that first stage's model, and

