@@ -3,9 +3,8 @@
     python benchmarks/eval_backends.py --model results/smollm2_135m/base/model \
         --task results/data/sum_yesno [--limit 32] [--n 4] [--max-new-tokens 48] [--temperature 0.6]
 
-The HF engine is built by the workflow's own `make_engine`, the vLLM one as `make_engine` builds it
-plus ``max_num_batched_tokens`` (see below); both are scored by `evaluate_rows` (the evaluation
-stage's code), in this one process, one after the other. It prints per backend:
+Both engines are built by the workflow's own `make_engine` (vLLM with ``eval.engine:
+{max_num_batched_tokens: ...}``, see below) and scored by `evaluate_rows` (the evaluation stage's code), in this one process, one after the other. It prints per backend:
 wall seconds (engine start-up apart from evaluation), sampled tokens per evaluation second, greedy accuracy, Pass@k,
 mean@n and mean token entropy; then how many greedy completions are token-for-token identical.
 Sampled metrics differ by sampling noise (the engines draw different random streams); greedy
@@ -56,14 +55,11 @@ def main() -> None:
     results, greedy_ids = {}, {}
     for backend in args.backends.split(","):
         began = time.perf_counter()
-        if backend == "vllm":
-            from esgrpo.vllm_engine import VLLMEngine
-
-            # vLLM's CPU build cannot rewind a CPU generator, so a seeded request whose prefill is split
-            # across steps fails ("CPU Generator does not use offset"): one step takes every prompt.
-            engine = VLLMEngine(args.model, dtype=args.dtype, max_num_batched_tokens=args.max_batched_tokens)
-        else:
-            engine = make_engine(args.model, {"backend": backend, "dtype": args.dtype, "batch_size": args.batch_size})
+        # vLLM's CPU build cannot rewind a CPU generator, so a seeded request whose prefill is split
+        # across steps fails ("CPU Generator does not use offset"): one step takes every prompt.
+        engine = make_engine(args.model, {"backend": backend, "dtype": args.dtype, "batch_size": args.batch_size,
+                                          "engine": {"max_num_batched_tokens": args.max_batched_tokens}
+                                          if backend == "vllm" else {}})
         started = time.perf_counter()
         summary, _ = evaluate_rows(engine, rows, verifier, settings)
         evaluated = time.perf_counter()

@@ -406,6 +406,23 @@ def test_train_run_dispatches_es_to_the_vllm_pool(tmp_path, monkeypatch):
     assert AutoModelForCausalLM.from_pretrained(out / "model").config.hidden_size == 32
 
 
+def test_one_engine_is_built_in_process_without_ray(monkeypatch):
+    """num_engines=1: the engine lives in the training job itself (one GPU, or vLLM's CPU build)."""
+    from esgrpo import vllm_es
+
+    built = []
+
+    class Engine:
+        def __init__(self, *args):
+            built.append(args)
+
+    monkeypatch.setattr(vllm_es, "VLLMESEngine", Engine)
+    monkeypatch.setitem(sys.modules, "ray", None)  # importing ray would fail
+    pool = VLLMESPool.launch("m", num_engines=1, dtype="float32", seed=3, trainable=["*mlp*"], max_model_len=64)
+    assert len(pool.engines) == 1 and isinstance(pool.engines[0], Engine)
+    assert built == [("m", "float32", 3, ["*mlp*"], {"max_model_len": 64})]
+
+
 def test_copy_model_metadata_skips_weights_and_sets_dtype(tmp_path):
     src = tmp_path / "src"
     src.mkdir()

@@ -32,6 +32,22 @@ def test_snakemake_lint_passes():
     assert "Congratulations" in result.stdout + result.stderr
 
 
+def test_workflow_scripts_run_their_stage_only_as_main():
+    """vLLM starts its engine processes with spawn, which re-imports the job's main file (Snakemake points
+    __file__ at the workflow script): a stage called at import time would run again there, without the
+    `snakemake` object. Every script calls run_stage under `if __name__ == "__main__":`."""
+    import ast
+
+    scripts = sorted((REPO / "workflow_scripts").glob("*.py"))
+    assert len(scripts) >= 10
+    for path in scripts:
+        tree = ast.parse(path.read_text())
+        top_calls = [n for n in tree.body if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)]
+        guarded = [n for n in tree.body if isinstance(n, ast.If) and ast.unparse(n.test) == "__name__ == '__main__'"]
+        assert not top_calls and len(guarded) == 1, path.name
+        assert "run_stage(snakemake" in ast.unparse(guarded[0]), path.name
+
+
 def test_base_table_has_real_numbers_for_every_task(ci_workflow):
     table = pd.read_csv(ci_workflow / "tables" / "base_passk.csv")
     import yaml

@@ -2,4 +2,5 @@
 from esgrpo.pipeline.analysis import cosine_stage
 from esgrpo.workflow import run_stage
 
-run_stage(snakemake, cosine_stage)  # noqa: F821
+if __name__ == "__main__":  # vLLM's worker processes re-import this file (spawn): only run here
+    run_stage(snakemake, cosine_stage)  # noqa: F821

@@ -2,4 +2,5 @@
 from esgrpo.pipeline.models import convert_gguf_model
 from esgrpo.workflow import run_stage
 
-run_stage(snakemake, convert_gguf_model)  # noqa: F821
+if __name__ == "__main__":  # vLLM's worker processes re-import this file (spawn): only run here
+    run_stage(snakemake, convert_gguf_model)  # noqa: F821

@@ -3,4 +3,5 @@
 from esgrpo.pipeline.paper import run_paper_stage
 from esgrpo.workflow import run_stage
 
-run_stage(snakemake, run_paper_stage)  # noqa: F821
+if __name__ == "__main__":  # vLLM's worker processes re-import this file (spawn): only run here
+    run_stage(snakemake, run_paper_stage)  # noqa: F821

@@ -2,4 +2,5 @@
 from esgrpo.pipeline.data import prepare_task
 from esgrpo.workflow import run_stage
 
-run_stage(snakemake, prepare_task)  # noqa: F821
+if __name__ == "__main__":  # vLLM's worker processes re-import this file (spawn): only run here
+    run_stage(snakemake, prepare_task)  # noqa: F821

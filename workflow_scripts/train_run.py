@@ -2,4 +2,5 @@
 from esgrpo.pipeline.training import train_run
 from esgrpo.workflow import run_stage
 
-run_stage(snakemake, train_run)  # noqa: F821
+if __name__ == "__main__":  # vLLM's worker processes re-import this file (spawn): only run here
+    run_stage(snakemake, train_run)  # noqa: F821

@@ -437,7 +437,13 @@ class VLLMESPool:
     @classmethod
     def launch(cls, model_ref: str, num_engines: int | None = None, dtype: str = "bfloat16", seed: int = 0,
                trainable: Sequence[str] = ("*",), **llm_kwargs: Any) -> VLLMESPool:
-        """One engine per GPU as Ray actors (``num_engines`` defaults to the GPUs Ray sees)."""
+        """One engine per GPU as Ray actors (``num_engines`` defaults to the GPUs Ray sees).
+
+        ``num_engines=1`` builds the one engine in this process instead: no Ray needed (one GPU, or
+        vLLM's CPU build).
+        """
+        if num_engines == 1:
+            return cls([VLLMESEngine(model_ref, dtype, seed, list(trainable), llm_kwargs)])
         import ray
 
         if not ray.is_initialized():

@@ -16,7 +16,7 @@ from esgrpo.pipeline.data import load_rows
 from esgrpo.provenance import provenance
 from esgrpo.rollout import HFEngine
 
-ENGINE_KEYS = ("backend", "batch_size", "dtype", "device")
+ENGINE_KEYS = ("backend", "batch_size", "dtype", "device", "engine")
 
 
 def make_engine(model_ref: str, settings: dict):
@@ -25,7 +25,7 @@ def make_engine(model_ref: str, settings: dict):
     if backend == "vllm":
         from esgrpo.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_ref, dtype=settings.get("dtype", "bfloat16"))
+        return VLLMEngine(model_ref, dtype=settings.get("dtype", "bfloat16"), **dict(settings.get("engine") or {}))
     model, tokenizer = load_model(model_ref, dtype=settings.get("dtype", "float32"),
                                   device=settings.get("device", "cpu"))
     return HFEngine(model, tokenizer, batch_size=int(settings.get("batch_size", 256)))
