@@ -76,6 +76,7 @@ def test_snapshot_runs_come_from_the_main_es_run(config):
     """es.snapshots: only the main ES run exports them (its settings carry the list); each is a planned run
     named es-n{N}-it{K}-s{seed} that starts from nothing but that run."""
     n = config["es"]["population_sizes"][0]
+    config["es"].pop("snapshots", None)
     assert run_spec(config, "countdown3", f"es-n{n}-s0").settings["snapshots"] == []
     config["es"]["snapshots"] = [10, 5]
     main = run_spec(config, "countdown3", f"es-n{n}-s0")
