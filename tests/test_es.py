@@ -451,6 +451,27 @@ def test_snapshots_are_the_shorter_runs_and_survive_a_resume(tmp_path):
     assert not all(torch.equal(ext4[n], long5[n]) for n in long5)  # and its snapshot is an earlier model
 
 
+def test_a_snapshot_before_the_checkpoint_that_was_never_exported_forces_a_fresh_start(tmp_path):
+    """es.snapshots gained K after the run checkpointed past K: resuming would never export K."""
+    from esgrpo.es import snapshot_dir
+
+    target = {k: v.detach().float() + 0.1 for k, v in tiny_llama(seed=1).named_parameters()}
+    evaluate = quadratic_evaluator(target)
+    base = {"population_size": 4, "sigma": 0.02, "alpha": 0.01, "checkpoint_every": 1, "seed": 4}
+    (tmp_path / "run" / "snapshots" / "it9").mkdir(parents=True)  # debris of another run: cleared
+    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=3, **base), evaluate,
+             tmp_path / "run", tmp_path / "run_p", log=lambda s: None)
+    assert not (tmp_path / "run" / "snapshots").exists()
+    messages: list[str] = []
+    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=4, snapshots=[2], **base), evaluate,
+                       tmp_path / "run", tmp_path / "run_p", log=messages.append)
+    assert summary["resumed_from"] is None and any("never exported" in m for m in messages)
+    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=2, **base), evaluate,
+             tmp_path / "two", tmp_path / "two_p", log=lambda s: None)
+    snap = load_file(str(snapshot_dir(tmp_path / "run", 2) / "model" / "model.safetensors"))
+    assert all(torch.equal(snap[k], v) for k, v in saved_weights(tmp_path / "two").items())
+
+
 @pytest.mark.parametrize("snapshots", [[0], [5], [2.5], "3"])
 def test_snapshots_must_lie_inside_the_run(snapshots):
     with pytest.raises(ValueError, match="snapshots"):

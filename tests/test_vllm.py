@@ -243,12 +243,14 @@ def test_padded_vocabulary_gets_hf_noise_and_is_trimmed_on_export():
     assert unfuse_state_dict({name: fused[name]}, model.config)[name].shape == (48, 32)
 
 
-def test_cpu_packed_linears_get_their_checkpoint_weights_back(tmp_path):
-    """vLLM's CPU backend packs linear weights for oneDNN and leaves an empty `weight`: es_init reads them
-    back from the checkpoint (fused as vLLM fuses them) and has the layers compute F.linear on them."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_packed_linears_get_their_checkpoint_weights_back(tmp_path, dtype):
+    """vLLM's CPU backend packs linear weights for oneDNN and leaves an empty (float32) `weight`: es_init
+    reads them back from the checkpoint (fused as vLLM fuses them) in the model's dtype, casts a bias a
+    packed kernel left in float32, and has the layers compute F.linear on them."""
     model = tiny_llama(bias=True)
     model.save_pretrained(tmp_path / "ckpt")
-    fused = fused_of(model)
+    fused = {n: v.to(dtype) for n, v in fused_of(model).items()}
     worker = FakeWorker(fused, model.config)
     worker.model_runner.model_config.model = str(tmp_path / "ckpt")
     packed = []
@@ -256,11 +258,14 @@ def test_cpu_packed_linears_get_their_checkpoint_weights_back(tmp_path):
         if name.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
             module.cpu_linear = lambda x, weight, bias: None  # what vLLM's oneDNN dispatch leaves
             module.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+            if getattr(module, "bias", None) is not None:
+                module.bias.data = module.bias.data.float()
             packed.append(name)
     assert len(packed) == 8
     info = worker.es_init()
     assert info["parameters"] == sum(p.numel() for p in model.parameters())
     params = dict(worker.model_runner.model.named_parameters())
+    assert all(p.dtype == dtype for p in params.values())
     for name in packed:
         module = worker.model_runner.model.get_submodule(name)
         assert module.cpu_linear is torch.nn.functional.linear
@@ -363,6 +368,41 @@ def test_train_es_vllm_writes_a_loadable_run_and_resumes_identically(tmp_path):
                              tmp_path / "part_progress", log=lambda s: None)
     assert summary2["resumed_from"] == 2
     assert resumed.rpc_one("es_checksum") == full.rpc_one("es_checksum")
+
+
+def test_train_es_vllm_snapshots_equal_shorter_runs_and_force_a_fresh_start_when_missing(tmp_path):
+    """es.snapshots on the vLLM trainer: the export after K iterations is the K-iteration run; a run whose
+    checkpoint lies past a snapshot it never exported starts afresh instead of resuming without it."""
+    from safetensors.torch import load_file
+
+    from esgrpo.es import snapshot_dir
+
+    model = tiny_llama()
+    base = tmp_path / "base"
+    model.save_pretrained(base)
+    rows = _rows()
+    prompt_ids = {r["id"]: [i % 4] for i, r in enumerate(rows)}
+    common = dict(population_size=4, sigma=0.05, alpha=0.01, prompts_per_iteration=4, checkpoint_every=1, seed=3,
+                  reward_scheme="binary")
+    quiet = {"log": lambda s: None}
+    train_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows,
+                  ESConfig(iterations=4, snapshots=[2], **common), _reward, tmp_path / "long", tmp_path / "long_p",
+                  **quiet)
+    train_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows, ESConfig(iterations=2, **common),
+                  _reward, tmp_path / "two", tmp_path / "two_p", **quiet)
+    snap = load_file(str(snapshot_dir(tmp_path / "long", 2) / "model" / "model.safetensors"))
+    two = load_file(str(tmp_path / "two" / "model" / "model.safetensors"))
+    assert snap.keys() == two.keys() and all(torch.equal(snap[k], two[k]) for k in two)
+    # snapshots: [2] added after the run checkpointed at 3: resuming would skip it, so it starts afresh
+    train_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows, ESConfig(iterations=3, **common),
+                  _reward, tmp_path / "late", tmp_path / "late_p", **quiet)
+    messages = []
+    summary = train_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows,
+                            ESConfig(iterations=4, snapshots=[2], **common), _reward, tmp_path / "late",
+                            tmp_path / "late_p", log=messages.append)
+    assert summary["resumed_from"] is None and any("starting afresh" in m for m in messages)
+    late = load_file(str(snapshot_dir(tmp_path / "late", 2) / "model" / "model.safetensors"))
+    assert all(torch.equal(late[k], two[k]) for k in two)
 
 
 def test_train_run_dispatches_es_to_the_vllm_pool(tmp_path, monkeypatch):

@@ -7,6 +7,8 @@ Every error names the key and what is allowed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 
 class ConfigError(ValueError):
     pass
@@ -76,6 +78,27 @@ def check_config(config: dict) -> None:
     bad = [k for k in ev.get("ks", []) if k > n]
     if bad:
         raise ConfigError(f"eval.ks: {bad} exceed eval.n_samples={n}; every k must be <= n_samples")
+    for key, block in [("eval", ev)] + [(f"models.{m}.eval", {**ev, **spec.get("eval", {})})
+                                        for m, spec in config["models"].items()]:
+        _check_engine_block(f"{key}.engine", block.get("engine") or {}, block.get("backend", "hf"), _EVAL_ENGINE_OWN)
+    es = config.get("es") or {}
+    _check_engine_block("es.engine", {k: v for k, v in (es.get("engine") or {}).items()
+                                      if k not in ("num_engines", "dtype")}, es.get("backend", "hf"), _ES_ENGINE_OWN)
+
+
+# Arguments the engines set themselves: a second value would be a duplicate-keyword TypeError.
+_EVAL_ENGINE_OWN = ("model", "dtype", "seed", "llm")
+_ES_ENGINE_OWN = (*_EVAL_ENGINE_OWN, "worker_extension_cls", "tensor_parallel_size")
+
+
+def _check_engine_block(key: str, engine: dict, backend: str, own_arguments: Sequence[str]) -> None:
+    """`engine` holds further vllm.LLM arguments: only with the vllm backend, none the engine sets itself."""
+    if engine and backend != "vllm":
+        raise ConfigError(f"{key}: vllm.LLM arguments {sorted(engine)} but the backend is {backend!r}; "
+                          f"set backend: vllm or remove them")
+    own = sorted(set(engine) & set(own_arguments))
+    if own:
+        raise ConfigError(f"{key}: {own} are set by the engine itself (dtype goes in the block above it)")
 
 
 def _check_settings(key: str, settings_class, settings: dict, **grid_values) -> None:

@@ -556,13 +556,32 @@ def snapshot_dir(out_dir: str | os.PathLike, iteration: int) -> Path:
 
 
 def snapshot_record(cfg: ESConfig, iteration: int, totals: Mapping[str, Any], parameters: int,
-                    distance: float) -> dict[str, Any]:
-    """What a snapshot's summary says: the run's state after `iteration` iterations."""
-    return {"iteration": int(iteration), "updates": int(totals["updates"]), "skipped": int(totals["skipped"]),
+                    distance: float, fingerprint: str) -> dict[str, Any]:
+    """What a snapshot's summary says: the run's state after `iteration` iterations (and which run)."""
+    return {"iteration": int(iteration), "fingerprint": fingerprint, "updates": int(totals["updates"]), "skipped": int(totals["skipped"]),
             "trainable_parameters": int(parameters), "distance_from_init": float(distance),
             "theory_distance": cfg.alpha * math.sqrt(totals["updates"] * parameters / cfg.population_size),
             "rollouts": int(totals["rollouts"]), "generated_tokens": int(totals["generated_tokens"]),
             "seconds": float(totals["seconds"])}
+
+
+def snapshots_missing(out_dir: str | os.PathLike, snapshots: Sequence[int], done: int, fingerprint: str) -> list[int]:
+    """The snapshots at or before iteration `done` that this run (its fingerprint) has not exported.
+
+    A run resumed past such a K would never export it (e.g. es.snapshots gained K after the run
+    checkpointed beyond it): the trainers then start afresh instead.
+    """
+    missing = []
+    for k in snapshots:
+        record = snapshot_dir(out_dir, k) / "snapshot.json"
+        if k <= done and (not record.exists() or json.loads(record.read_text()).get("fingerprint") != fingerprint):
+            missing.append(int(k))
+    return missing
+
+
+def clear_snapshots(out_dir: str | os.PathLike) -> None:
+    """A fresh start drops every snapshot of an earlier run in `out_dir`."""
+    shutil.rmtree(Path(out_dir) / SNAPSHOT_DIR, ignore_errors=True)
 
 
 @torch.no_grad()
@@ -599,8 +618,13 @@ def train_es(model: torch.nn.Module, tokenizer: Any, rows: Sequence[Row], cfg: E
     fingerprint = _fingerprint(cfg, names, rows, population)
 
     resumed = _resume(progress_dir, fingerprint, theta0, cfg.iterations, log)
+    if resumed is not None and (missing := snapshots_missing(out_dir, cfg.snapshots, resumed[0], fingerprint)):
+        log(f"es: snapshots {missing} lie before the checkpoint at iteration {resumed[0]} and were never "
+            f"exported by this run; starting afresh")
+        resumed = None
     if resumed is None:
         _start_fresh(progress_dir, theta0)
+        clear_snapshots(out_dir)
         start, theta = 0, {k: v.clone() for k, v in theta0.items()}
         metrics: list[dict[str, Any]] = []
         totals = {"rollouts": 0, "generated_tokens": 0, "seconds": 0.0, "updates": 0, "skipped": 0}
@@ -684,7 +708,7 @@ def train_es(model: torch.nn.Module, tokenizer: Any, rows: Sequence[Row], cfg: E
         if done in cfg.snapshots:  # before the checkpoint: a run resumed past K has its snapshot
             _save_es_model(model, tokenizer, snapshot_dir(out_dir, done) / "model")
             write_json(snapshot_dir(out_dir, done) / "snapshot.json",
-                       snapshot_record(cfg, done, totals, d, row["distance_from_init"]))
+                       snapshot_record(cfg, done, totals, d, row["distance_from_init"], fingerprint))
         if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.iterations:
             _write_checkpoint(progress_dir, done, theta, state_now())
             write_jsonl(out_dir / "metrics.jsonl", metrics)

@@ -92,9 +92,10 @@ def run_spec(config: dict, task: str, run: str) -> RunSpec:
     if m := ES_RE.fullmatch(run):
         n, seed = int(m["n"]), int(m["seed"])
         norm, anti = m["norm"] or "zscore", bool(m["anti"])
-        main = run == main_es_name(config, seed)
+        # Only the main run exports snapshots; other runs' settings (Snakemake params) carry no key
+        snapshots = es_snapshots(config) if run == main_es_name(config, seed) else []
         settings = _es_settings(config, seed, population_size=n, normalization=norm, antithetic=anti,
-                                snapshots=es_snapshots(config) if main else [])
+                                **({"snapshots": snapshots} if snapshots else {}))
         return RunSpec("es", settings, seed, labels={"population": n, "normalization": norm, "antithetic": anti})
     if m := SNAPSHOT_RE.fullmatch(run):
         n, it, seed = int(m["n"]), int(m["it"]), int(m["seed"])
@@ -102,7 +103,7 @@ def run_spec(config: dict, task: str, run: str) -> RunSpec:
         if parent != main_es_name(config, seed) or it not in es_snapshots(config):
             raise ValueError(f"run {run!r}: only the main ES run ({main_es_name(config, seed)}) exports "
                              f"snapshots, at es.snapshots = {es_snapshots(config)}")
-        settings = {**run_spec(config, task, parent).settings, "iterations": it, "snapshots": []}
+        settings = {**_no_snapshots(run_spec(config, task, parent).settings), "iterations": it}
         return RunSpec("snapshot", settings, seed, init=(task, parent),
                        labels={"population": n, "iterations": it, "snapshot_of": parent})
     if m := GRPO_RE.fullmatch(run):

@@ -28,6 +28,7 @@ architectures whose fused tensors are qkv_proj / gate_up_proj (Llama, Qwen2, Qwe
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import math
 import os
@@ -48,11 +49,13 @@ from esgrpo.es import (
     FitnessResult,
     _mix,
     all_equal,
+    clear_snapshots,
     member_seeds,
     normalize_fitness,
     prompt_batch,
     snapshot_dir,
     snapshot_record,
+    snapshots_missing,
     tensor_noise,
     update_coefficients,
 )
@@ -249,7 +252,13 @@ class ESWorkerExtension:
         slower than the packed kernel, but perturbations take effect. No module has
         ``cpu_linear`` on GPU, where this does nothing.
         """
-        packed = {name: m for name, m in self._es_model().named_modules() if hasattr(m, "cpu_linear")}
+        model = self._es_model()
+        packed = {name: m for name, m in model.named_modules() if hasattr(m, "cpu_linear")}
+        if not packed:
+            return []
+        # The emptied Parameter is a float32 torch.empty(0) whatever the model's dtype: take the
+        # dtype from a weight vLLM kept (the embedding always stays).
+        dtype = next(p.dtype for p in model.parameters() if p.numel() and p.is_floating_point())
         dropped = [name for name, m in packed.items() if m.weight.numel() == 0]
         if dropped:
             state = fuse_state_dict(checkpoint_state_dict(self._es_model_ref()), self._es_hf_config())
@@ -257,10 +266,13 @@ class ESWorkerExtension:
                 key, layer = f"{name}.weight", packed[name]
                 if key not in state:
                     raise KeyError(f"{key}: vLLM's CPU backend dropped it and the checkpoint does not hold it")
-                layer.weight = torch.nn.Parameter(state[key].to(device=layer.weight.device, dtype=layer.weight.dtype),
+                layer.weight = torch.nn.Parameter(state[key].to(device=layer.weight.device, dtype=dtype),
                                                   requires_grad=False)
         for layer in packed.values():
             layer.cpu_linear = torch.nn.functional.linear
+            bias = getattr(layer, "bias", None)
+            if isinstance(bias, torch.Tensor) and bias.dtype != dtype:  # some packed kernels keep an fp32 bias
+                bias.data = bias.data.to(dtype)
         return sorted(packed)
 
     # -- state
@@ -594,15 +606,22 @@ def train_es_vllm(pool: VLLMESPool, model_ref: str, prompt_ids: Mapping[str, Seq
     fingerprint = json.dumps({"config": {k: v for k, v in cfg.to_dict().items()
                                          if k not in ("iterations", "checkpoint_every", "log_every", "snapshots")},
                               "model": str(model_ref), "rows": [r["id"] for r in rows]}, sort_keys=True)
+    run_id = hashlib.blake2b(fingerprint.encode("utf-8"), digest_size=16).hexdigest()  # names the run in snapshots
     start, metrics = 0, []
     totals = {"rollouts": 0, "generated_tokens": 0, "seconds": 0.0, "updates": 0, "skipped": 0}
     latest = _latest_checkpoint(progress_dir)
     if latest is not None:
         state = json.loads((latest[1] / "state.json").read_text())
-        if state.get("fingerprint") == fingerprint and latest[0] <= cfg.iterations:
+        missing = snapshots_missing(out_dir, cfg.snapshots, latest[0], run_id)
+        if missing:
+            log(f"es-vllm: snapshots {missing} lie before the checkpoint at iteration {latest[0]} and were never "
+                f"exported by this run; starting afresh")
+        elif state.get("fingerprint") == fingerprint and latest[0] <= cfg.iterations:
             pool.rpc_all("es_load_theta", str(latest[1] / "theta.safetensors"))
             start, metrics, totals = latest[0], state["metrics"], state["totals"]
             log(f"es-vllm: resuming after iteration {start} of {cfg.iterations}")
+    if start == 0:
+        clear_snapshots(out_dir)
     for t in range(start, cfg.iterations):
         began = time.perf_counter()
         seeds_signs = member_seeds(cfg.seed, t, N, cfg.antithetic)
@@ -633,10 +652,11 @@ def train_es_vllm(pool: VLLMESPool, model_ref: str, prompt_ids: Mapping[str, Seq
         })
         done = t + 1
         if done in cfg.snapshots:  # before the checkpoint: a run resumed past K has its snapshot
+            pool.check_in_sync()  # engine 0 exports for all
             export_hf_checkpoint(pool, model_ref, snapshot_dir(out_dir, done) / "model", export_dtype)
             write_json(snapshot_dir(out_dir, done) / "snapshot.json",
                        snapshot_record(cfg, done, totals, int(pool.rpc_one("es_parameter_count")),
-                                       metrics[-1]["distance_from_init"]))
+                                       metrics[-1]["distance_from_init"], run_id))
         if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.iterations:
             pool.check_in_sync()
             tmp = Path(tempfile.mkdtemp(dir=progress_dir, prefix=".tmp-"))

@@ -662,6 +662,7 @@ def build_a_accuracy(data: Data) -> pd.DataFrame:
     setup, rows = data.setup, []
     test = data.on_task({"base", "es", "es_snap", "grpo"})
     for (model, task, method), g in test.groupby(["model", "task", "method"], sort=True):
+        # a snapshot's final checkpoint is its parent after K iterations; the method says K
         rows.append(stat({"model": model, "task": task, "variant": g["variant"].iloc[0]}, ci_prompts(g, "greedy"),
                          method=method, budget="iterations", matched_at="final checkpoint",
                          metric="test greedy accuracy", n_seeds=g["seed"].nunique(),
@@ -698,8 +699,16 @@ def table_a_accuracy(input, output, params, wildcards, threads):
                "smaller of the two methods' totals.")
     if long.empty:
         return not_run_table(output, caption, "no base / ES / GRPO evaluations in this config")
-    shown = wide(long, ["model", "task", "budget", "matched_at", "metric"], order=METHOD_ORDER)
+    shown = wide(long, ["model", "task", "budget", "matched_at", "metric"], order=_with_snapshot_methods(long))
     write_paper_table(long, output, caption, shown, notes=_absent(data.setup))
+
+
+def _with_snapshot_methods(long: pd.DataFrame) -> list[str]:
+    """METHOD_ORDER with the snapshot columns (``ES (K it)``, by K) just before ES."""
+    snaps = sorted({m for m in long["method"] if isinstance(m, str) and m.startswith("ES (")},
+                   key=lambda m: int(re.search(r"\d+", m)[0]))
+    i = METHOD_ORDER.index("ES")
+    return [*METHOD_ORDER[:i], *snaps, *METHOD_ORDER[i:]]
 
 
 def _stage_frame(data: Data) -> pd.DataFrame:
@@ -1349,7 +1358,7 @@ def build_b_entropy(data: Data) -> pd.DataFrame:
                              matched_at="whole run"))
         rows += [{**r, "metric": "train entropy at budget"} for r in
                  budget_rows(m, _main_variants(setup), "entropy", "entropy") if r["budget"] != "iterations"]
-    test = data.on_task({"base", "es", "es_snap", "grpo"})
+    test = data.on_task({"base", "es", "grpo"})
     for (model, task, method), g in test.groupby(["model", "task", "method"], sort=True):
         rows.append(stat({"model": model, "task": task, "method": method, "budget": "iterations"},
                          ci_prompts(g, "entropy"), metric="test sampling entropy (per token)",
