@@ -555,14 +555,20 @@ def snapshot_dir(out_dir: str | os.PathLike, iteration: int) -> Path:
     return Path(out_dir) / SNAPSHOT_DIR / f"it{int(iteration)}"
 
 
-def snapshot_record(cfg: ESConfig, iteration: int, totals: Mapping[str, Any], parameters: int,
-                    distance: float, fingerprint: str) -> dict[str, Any]:
-    """What a snapshot's summary says: the run's state after `iteration` iterations (and which run)."""
-    return {"iteration": int(iteration), "fingerprint": fingerprint, "updates": int(totals["updates"]), "skipped": int(totals["skipped"]),
+def run_record(cfg: ESConfig, totals: Mapping[str, Any], parameters: int, distance: float) -> dict[str, Any]:
+    """The state of an ES run so far, as its summary (and a snapshot's) reports it; one place for the
+    norm theory's alpha * sqrt(updates * d / N)."""
+    return {"updates": int(totals["updates"]), "skipped": int(totals["skipped"]),
             "trainable_parameters": int(parameters), "distance_from_init": float(distance),
             "theory_distance": cfg.alpha * math.sqrt(totals["updates"] * parameters / cfg.population_size),
             "rollouts": int(totals["rollouts"]), "generated_tokens": int(totals["generated_tokens"]),
             "seconds": float(totals["seconds"])}
+
+
+def snapshot_record(cfg: ESConfig, iteration: int, totals: Mapping[str, Any], parameters: int,
+                    distance: float, fingerprint: str) -> dict[str, Any]:
+    """What a snapshot's summary says: the run's state after `iteration` iterations (and which run)."""
+    return {"iteration": int(iteration), "fingerprint": fingerprint, **run_record(cfg, totals, parameters, distance)}
 
 
 def snapshots_missing(out_dir: str | os.PathLike, snapshots: Sequence[int], done: int, fingerprint: str) -> list[int]:
@@ -728,17 +734,10 @@ def train_es(model: torch.nn.Module, tokenizer: Any, rows: Sequence[Row], cfg: E
     summary = {
         "method": "es",
         "iterations": cfg.iterations,
-        "updates": totals["updates"],
-        "skipped": totals["skipped"],
-        "trainable_parameters": d,
+        **run_record(cfg, totals, d, _norm(theta[k] - theta0[k] for k in theta)),
         "trainable_tensors": len(names),
-        "distance_from_init": _norm(theta[k] - theta0[k] for k in theta),
-        "theory_distance": cfg.alpha * math.sqrt(totals["updates"] * d / N),
         "final_fitness_mean": last.get("fitness_mean", math.nan),
         "best_fitness_mean": max((r["fitness_mean"] for r in metrics), default=math.nan),
-        "rollouts": totals["rollouts"],
-        "generated_tokens": totals["generated_tokens"],
-        "seconds": totals["seconds"],
         "resumed_from": start if resumed is not None else None,
         "config": cfg.to_dict(),
     }

@@ -53,6 +53,7 @@ from esgrpo.es import (
     member_seeds,
     normalize_fitness,
     prompt_batch,
+    run_record,
     snapshot_dir,
     snapshot_record,
     snapshots_missing,
@@ -677,13 +678,10 @@ def train_es_vllm(pool: VLLMESPool, model_ref: str, prompt_ids: Mapping[str, Seq
     d = int(pool.rpc_one("es_parameter_count"))
     summary = {
         "method": "es", "backend": "vllm", "engines": len(pool.engines), "iterations": cfg.iterations,
-        "updates": totals["updates"], "skipped": totals["skipped"],
-        "distance_from_init": float(pool.rpc_one("es_distance_from_init")),
+        **run_record(cfg, totals, d, float(pool.rpc_one("es_distance_from_init"))),
         "final_fitness_mean": metrics[-1]["fitness_mean"] if metrics else math.nan,
         "best_fitness_mean": max((m["fitness_mean"] for m in metrics), default=math.nan),
-        "rollouts": totals["rollouts"], "generated_tokens": totals["generated_tokens"],
-        "seconds": totals["seconds"], "resumed_from": start or None, "config": cfg.to_dict(),
-        "trainable_parameters": d, "theory_distance": cfg.alpha * math.sqrt(totals["updates"] * d / N),
+        "resumed_from": start or None, "config": cfg.to_dict(),
     }
     write_json(out_dir / "summary.json", summary)
     return summary

@@ -3,6 +3,8 @@ turn a main ES run's exported snapshot (`ESConfig.snapshots`) into a run of its 
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from esgrpo.io import atomic_directory, read_json, read_jsonl, write_json, write_jsonl
@@ -91,9 +93,6 @@ def export_snapshot(input: dict, output: dict, params: dict, wildcards: dict, th
 
 def _link_or_copy(src: Path, dst: Path) -> None:
     """A hard link (no second copy of a multi-GB checkpoint), or a copy where links cannot cross."""
-    import os
-    import shutil
-
     try:
         os.link(src, dst)
     except OSError:
