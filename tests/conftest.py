@@ -1,4 +1,4 @@
-"""Shared fixtures: one thread per process (CPU-FACTS: more threads than cores thrash), and the
+"""Shared fixtures: one thread per process (docs/references.md: more threads than cores thrash), and the
 CI workflow run once per session through the Snakemake Python API."""
 
 from __future__ import annotations

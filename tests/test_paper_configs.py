@@ -1,4 +1,4 @@
-"""The paper configs: their settings are the papers' (shared/reference/PAPERS.md), and `snakemake -n`
+"""The paper configs: their settings are the papers' (docs/references.md), and `snakemake -n`
 builds each paper's whole grid, with the number of jobs per rule computed here from the grid."""
 
 from __future__ import annotations
