@@ -59,7 +59,7 @@ def main() -> None:
         # across steps fails ("CPU Generator does not use offset"): one step takes every prompt.
         engine = make_engine(args.model, {"backend": backend, "dtype": args.dtype, "batch_size": args.batch_size,
                                           "engine": {"max_num_batched_tokens": args.max_batched_tokens}
-                                          if backend == "vllm" else {}})
+                                          if backend == "vllm" else {}}, rows, args.max_new_tokens)
         started = time.perf_counter()
         summary, _ = evaluate_rows(engine, rows, verifier, settings)
         evaluated = time.perf_counter()

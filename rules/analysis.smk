@@ -1,6 +1,6 @@
 # Geometry analyses of trained checkpoints (paper A's geometry findings, paper B's findings 6-7).
 # Every output lives under results/analysis/{model}/ (helpers and settings: rules/common.smk and
-# esgrpo.pipeline.analysis; defaults in schemas/config.schema.yaml).
+# esgrpo.analysis.settings; defaults in schemas/config.schema.yaml; stages in esgrpo.pipeline.analysis).
 
 
 rule analysis_all:
@@ -20,7 +20,7 @@ rule analysis_drift:
         base_model=base_model_ref,
         model=run_model,
         init_model=init_model_ref,
-        method=analysis_method,
+        method=run_method,
     log:
         f"{RESULTS}/logs/analysis/{{model}}/drift/{{task}}/{{run}}.log",
     benchmark:
@@ -92,7 +92,7 @@ rule analysis_sparsity:
     params:
         base_model=base_model_ref,
         model=run_model,
-        method=analysis_method,
+        method=run_method,
         fractions=ANALYSIS["sparsity_fractions"],
         eval_tasks=judged_tasks,
         eval=analysis_eval,
@@ -119,9 +119,9 @@ rule analysis_base_samples:
     params:
         base_model=base_model_ref,
         kl=analysis_kl_settings,
-        dtype=lambda wc: engine_setting(wc, "dtype", "float32"),
-        device=lambda wc: engine_setting(wc, "device", "cpu"),
-        batch_size=lambda wc: engine_setting(wc, "batch_size", 256),
+        dtype=engine_dtype,
+        device=engine_device,
+        batch_size=engine_batch_size,
     log:
         f"{RESULTS}/logs/analysis/{{model}}/base_samples/{{evaltask}}.log",
     benchmark:
@@ -140,17 +140,17 @@ rule analysis_kl:
     input:
         base=base_model_files,
         model=run_model,
-        samples=lambda wc: expand(f"{ANALYSIS_DIR}/{wc.model}/base_samples/{{t}}.jsonl", t=eval_tasks(wc.model)),
+        samples=kl_base_samples,
     output:
         csv=f"{ANALYSIS_DIR}/{{model}}/kl/{{task}}/{{run}}.csv",
     params:
         base_model=base_model_ref,
         model=run_model,
-        method=analysis_method,
-        eval_tasks=lambda wc: eval_tasks(wc.model),
+        method=run_method,
+        eval_tasks=eval_tasks,
         kl=analysis_kl_settings,
-        dtype=lambda wc: engine_setting(wc, "dtype", "float32"),
-        device=lambda wc: engine_setting(wc, "device", "cpu"),
+        dtype=engine_dtype,
+        device=engine_device,
     log:
         f"{RESULTS}/logs/analysis/{{model}}/kl/{{task}}/{{run}}.log",
     benchmark:
@@ -169,16 +169,16 @@ rule analysis_interpolation:
     input:
         unpack(eval_data),
         base=base_model_files,
-        es=lambda wc: analysis_pair_models(wc)[0],
-        grpo=lambda wc: analysis_pair_models(wc)[1],
+        es=pair_es_model,
+        grpo=pair_grpo_model,
     output:
         csv=f"{ANALYSIS_DIR}/{{model}}/interpolation/{{task}}/s{{seed}}.csv",
         json=f"{ANALYSIS_DIR}/{{model}}/interpolation/{{task}}/s{{seed}}.json",
     params:
         base_model=base_model_ref,
-        es_model=lambda wc: analysis_pair_models(wc)[0],
-        grpo_model=lambda wc: analysis_pair_models(wc)[1],
-        eval_tasks=lambda wc: eval_tasks(wc.model),
+        es_model=pair_es_model,
+        grpo_model=pair_grpo_model,
+        eval_tasks=eval_tasks,
         eval=analysis_interpolation_eval,
         steps=ANALYSIS["interpolation_steps"],
         multiples=ANALYSIS["scan_multiples"],

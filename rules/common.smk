@@ -5,9 +5,9 @@ import os
 import re
 from pathlib import Path
 
+from esgrpo.analysis.settings import analysis_config, analysis_eval_settings
 from esgrpo.config import check_config, judged_on, model_eval_tasks, software_env, task_splits
-from esgrpo.pipeline import paper as paper_stages
-from esgrpo.pipeline.analysis import analysis_config, analysis_eval_settings
+from esgrpo.report import planning as paper_planning
 from esgrpo.runs import (
     RUN_PATTERN,
     SNAPSHOT_RUN_PATTERN,
@@ -55,9 +55,23 @@ def model_tasks(model):
     return config["models"][model]["tasks"]
 
 
-def eval_tasks(model):
-    """The tasks every checkpoint of `model` is evaluated on (`eval_tasks`, default: its training tasks)."""
-    return model_eval_tasks(config, model)
+def train_tasks(wildcards):
+    """The tasks the job's model is trained on."""
+    return model_tasks(wildcards.model)
+
+
+def eval_tasks(wildcards):
+    """The tasks every checkpoint of the job's model is evaluated on (`eval_tasks`, default: its training tasks)."""
+    return model_eval_tasks(config, wildcards.model)
+
+
+def model_source(wildcards):
+    """The model's `source`: a Hub id, a folder, "default", or a package holding its GGUF file."""
+    return config["models"][wildcards.model]["source"]
+
+
+def model_gguf_file(wildcards):
+    return config["models"][wildcards.model]["gguf_file"]
 
 
 def base_model_is_built(model):
@@ -86,9 +100,24 @@ def task_files(tasks, split="test"):
     }
 
 
+def task_options(wildcards):
+    """The task's block of the config (source, sizes, loader options)."""
+    return config["tasks"][wildcards.task]
+
+
+def used_splits(wildcards):
+    """The splits of the task some model trains or evaluates on (esgrpo.config.task_splits)."""
+    return task_splits(config, wildcards.task)
+
+
+def train_data(wildcards):
+    """Train rows and info of every training task of the model."""
+    return task_files(train_tasks(wildcards), split="train")
+
+
 def eval_data(wildcards):
     """Test rows and info of every evaluation task of the model."""
-    return task_files(eval_tasks(wildcards.model))
+    return task_files(eval_tasks(wildcards))
 
 
 def judged_tasks(wildcards):
@@ -112,7 +141,20 @@ def run_model(wildcards):
 
 
 def run_spec_of(wildcards):
+    """What the run's name says (esgrpo.runs.RunSpec): method, settings, labels, start."""
     return run_spec(config, wildcards.task, wildcards.run)
+
+
+def run_method(wildcards):
+    return run_spec_of(wildcards).method
+
+
+def run_settings(wildcards):
+    return run_spec_of(wildcards).settings
+
+
+def run_labels(wildcards):
+    return run_spec_of(wildcards).labels
 
 
 def init_model_ref(wildcards):
@@ -128,6 +170,21 @@ def snapshot_parent_dir(wildcards):
     return run_dir(wildcards.model, *run_spec_of(wildcards).init)
 
 
+def snapshot_parent_files(wildcards):
+    """The model, metrics and summary of the ES run a snapshot run was exported by."""
+    parent = snapshot_parent_dir(wildcards)
+    return {"model": f"{parent}/model", "metrics": f"{parent}/metrics.jsonl", "summary": f"{parent}/summary.json"}
+
+
+def snapshot_iteration(wildcards):
+    """The parent ES run's iterations when it exported this snapshot."""
+    return run_labels(wildcards)["iterations"]
+
+
+def snapshot_parent_run(wildcards):
+    return run_labels(wildcards)["snapshot_of"]
+
+
 def init_model_files(wildcards):
     spec = run_spec_of(wildcards)
     return base_model_files(wildcards) if spec.init is None else init_model_ref(wildcards)
@@ -138,9 +195,26 @@ def eval_params(model):
     return {**config["eval"], **config["models"][model].get("eval", {})}
 
 
+def eval_settings(wildcards):
+    """The evaluation settings of the job's model."""
+    return eval_params(wildcards.model)
+
+
 def engine_setting(wildcards, key, default):
     """One of the model's engine settings (dtype, device, batch_size) for analysis jobs."""
     return eval_params(wildcards.model).get(key, default)
+
+
+def engine_dtype(wildcards):
+    return engine_setting(wildcards, "dtype", "float32")
+
+
+def engine_device(wildcards):
+    return engine_setting(wildcards, "device", "cpu")
+
+
+def engine_batch_size(wildcards):
+    return engine_setting(wildcards, "batch_size", 256)
 
 
 # --- analyses ----------------------------------------------------------------------------------
@@ -202,10 +276,6 @@ def analysis_targets(model):
 ALL_ANALYSIS_TARGETS = [path for model in MODELS for path in analysis_targets(model)]
 
 
-def analysis_method(wildcards):
-    return run_spec_of(wildcards).method
-
-
 def analysis_eval(wildcards):
     return analysis_eval_settings(eval_params(wildcards.model), ANALYSIS["eval"])
 
@@ -222,27 +292,35 @@ def analysis_kl_settings(wildcards):
     return kl
 
 
-def analysis_pair_models(wildcards):
-    """(ES model, GRPO model) of the main runs of this seed."""
-    seed = int(wildcards.seed)
-    es = f"{run_dir(wildcards.model, wildcards.task, main_es_name(config, seed))}/model"
-    grpo = f"{run_dir(wildcards.model, wildcards.task, main_grpo_name(config, seed))}/model"
-    return es, grpo
+def kl_base_samples(wildcards):
+    """The base model's fixed continuations on every evaluation task of the model (KL's reference)."""
+    return expand(f"{ANALYSIS_DIR}/{wildcards.model}/base_samples/{{t}}.jsonl", t=eval_tasks(wildcards))
+
+
+def _main_run_model(wildcards, main_name, seed):
+    return f"{run_dir(wildcards.model, wildcards.task, main_name(config, seed))}/model"
+
+
+def pair_es_model(wildcards):
+    """The model of this seed's main ES run: the ES end of the pair analyses."""
+    return _main_run_model(wildcards, main_es_name, int(wildcards.seed))
+
+
+def pair_grpo_model(wildcards):
+    """The model of this seed's main GRPO run: the GRPO end of the pair analyses."""
+    return _main_run_model(wildcards, main_grpo_name, int(wildcards.seed))
 
 
 def analysis_cosine_pairs(wildcards):
     """es-grpo of this seed; es-es and grpo-grpo of this seed with the next configured seed."""
     seed = int(wildcards.seed)
-    es, grpo = analysis_pair_models(wildcards)
-    pairs = [{"pair": "es-grpo", "a": es, "b": grpo, "seed_b": seed}]
-    for method, name in (("es", main_es_name), ("grpo", main_grpo_name)):
+    pairs = [{"pair": "es-grpo", "a": pair_es_model(wildcards), "b": pair_grpo_model(wildcards), "seed_b": seed}]
+    for method, main_name in (("es", main_es_name), ("grpo", main_grpo_name)):
         seeds = _analysis_seeds(method)
         if seed in seeds and seeds.index(seed) + 1 < len(seeds):
             other = seeds[seeds.index(seed) + 1]
-            pairs.append({"pair": f"{method}-{method}",
-                          "a": f"{run_dir(wildcards.model, wildcards.task, name(config, seed))}/model",
-                          "b": f"{run_dir(wildcards.model, wildcards.task, name(config, other))}/model",
-                          "seed_b": other})
+            pairs.append({"pair": f"{method}-{method}", "a": _main_run_model(wildcards, main_name, seed),
+                          "b": _main_run_model(wildcards, main_name, other), "seed_b": other})
     return pairs
 
 
@@ -252,17 +330,18 @@ def analysis_cosine_models(wildcards):
 
 # --- tables, figures, papers -------------------------------------------------------------------
 # Each paper table/figure reads only the tidy files of what the config trains
-# (esgrpo.pipeline.paper.paper_inputs, through planned_runs).
+# (esgrpo.report.planning.paper_inputs, through planned_runs); the stages run from
+# esgrpo.report.stages (workflow_scripts/paper_stage.py).
 
-PAPER_SETUP = paper_stages.paper_setup(config)
+PAPER_SETUP = paper_planning.paper_setup(config)
 PAPER_TABLES = {
-    **{name: "Paper A" for name in paper_stages.PAPER_A_TABLES},
-    **{name: "Paper B" for name in paper_stages.PAPER_B_TABLES},
+    **{name: "Paper A" for name in paper_planning.PAPER_A_TABLES},
+    **{name: "Paper B" for name in paper_planning.PAPER_B_TABLES},
     "claims": "Claims",
 }
 PAPER_FIGURES = {
-    **{name: "Paper A" for name in paper_stages.PAPER_A_FIGURES},
-    **{name: "Paper B" for name in paper_stages.PAPER_B_FIGURES},
+    **{name: "Paper A" for name in paper_planning.PAPER_A_FIGURES},
+    **{name: "Paper B" for name in paper_planning.PAPER_B_FIGURES},
 }
 
 
@@ -280,22 +359,22 @@ def figure_targets(name):
 
 def paper_input_function(name):
     def inputs(wildcards):
-        return paper_stages.paper_inputs(config, name, ALL_ANALYSIS_TARGETS, RESULTS)
+        return paper_planning.paper_inputs(config, name, ALL_ANALYSIS_TARGETS, RESULTS)
 
     return inputs
 
 
 def paper_a_targets():
     return [
-        *[p for n in paper_stages.PAPER_A_TABLES for p in table_targets(n)],
-        *[p for n in paper_stages.PAPER_A_FIGURES for p in figure_targets(n)],
+        *[p for n in paper_planning.PAPER_A_TABLES for p in table_targets(n)],
+        *[p for n in paper_planning.PAPER_A_FIGURES for p in figure_targets(n)],
     ]
 
 
 def paper_b_targets():
     return [
-        *[p for n in paper_stages.PAPER_B_TABLES for p in table_targets(n)],
-        *[p for n in paper_stages.PAPER_B_FIGURES for p in figure_targets(n)],
+        *[p for n in paper_planning.PAPER_B_TABLES for p in table_targets(n)],
+        *[p for n in paper_planning.PAPER_B_FIGURES for p in figure_targets(n)],
     ]
 
 

@@ -8,8 +8,8 @@ rule prepare_task:
         test=f"{RESULTS}/data/{{task}}/test.jsonl",
         info=f"{RESULTS}/data/{{task}}/info.json",
     params:
-        options=lambda wc: config["tasks"][wc.task],
-        splits=lambda wc: task_splits(config, wc.task),
+        options=task_options,
+        splits=used_splits,
         seed=config["seed"],
     log:
         f"{RESULTS}/logs/data/{{task}}.log",

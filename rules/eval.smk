@@ -10,8 +10,8 @@ rule eval_base:
         prompts=f"{RESULTS}/{{model}}/base/eval_prompts.jsonl",
     params:
         model=base_model_ref,
-        eval=lambda wc: eval_params(wc.model),
-        eval_tasks=lambda wc: eval_tasks(wc.model),
+        eval=eval_settings,
+        eval_tasks=eval_tasks,
         run="base",
         train_task="none",
     log:
@@ -37,10 +37,10 @@ rule eval_run:
         prompts=f"{RESULTS}/{{model}}/{{task}}/{{run}}/eval_prompts.jsonl",
     params:
         model=run_model,
-        eval=lambda wc: eval_params(wc.model),
-        eval_tasks=lambda wc: eval_tasks(wc.model),
-        run=lambda wc: wc.run,
-        train_task=lambda wc: wc.task,
+        eval=eval_settings,
+        eval_tasks=eval_tasks,
+        run="{run}",
+        train_task="{task}",
     log:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/eval.log",
     benchmark:

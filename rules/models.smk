@@ -4,13 +4,12 @@
 
 rule build_default_model:
     input:
-        train=lambda wc: expand(f"{RESULTS}/data/{{t}}/train.jsonl", t=model_tasks(wc.model)),
-        info=lambda wc: expand(f"{RESULTS}/data/{{t}}/info.json", t=model_tasks(wc.model)),
+        unpack(train_data),
     output:
         model=directory(f"{RESULTS}/{{model}}/base/model"),
         info=f"{RESULTS}/{{model}}/base/build.json",
     params:
-        tasks=lambda wc: model_tasks(wc.model),
+        tasks=train_tasks,
         seed=config["seed"],
         vocab_size=config["default_model"]["vocab_size"],
         architecture=config["default_model"]["architecture"],
@@ -43,8 +42,8 @@ rule convert_gguf_model:
         model=directory(f"{RESULTS}/{{model}}/base/model"),
         info=f"{RESULTS}/{{model}}/base/convert.json",
     params:
-        source=lambda wc: config["models"][wc.model]["source"],
-        gguf_file=lambda wc: config["models"][wc.model]["gguf_file"],
+        source=model_source,
+        gguf_file=model_gguf_file,
     log:
         f"{RESULTS}/logs/{{model}}/convert_gguf_model.log",
     benchmark:

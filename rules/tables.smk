@@ -1,4 +1,5 @@
-# Tables (CSV + Markdown + LaTeX) and figures; they read only tidy evaluation files.
+# The base model's table (CSV + Markdown + LaTeX) and figure, from its evaluation summaries
+# (esgrpo.report.base_table).
 
 
 rule table_base_passk:

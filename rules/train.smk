@@ -13,11 +13,11 @@ rule train_run:
         metrics=f"{RESULTS}/{{model}}/{{task}}/{{run}}/metrics.jsonl",
         summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/summary.json",
     params:
-        method=lambda wc: run_spec_of(wc).method,
-        settings=lambda wc: run_spec_of(wc).settings,
-        labels=lambda wc: run_spec_of(wc).labels,
+        method=run_method,
+        settings=run_settings,
+        labels=run_labels,
         init_model=init_model_ref,
-        progress_dir=lambda wc: f"{RESULTS}/progress/{wc.model}/{wc.task}/{wc.run}",
+        progress_dir=f"{RESULTS}/progress/{{model}}/{{task}}/{{run}}",
         es_backend=config.get("es", {}).get("backend", "hf"),
         es_engine=config.get("es", {}).get("engine", {}),
     log:
@@ -40,18 +40,16 @@ rule train_run:
 # the training job exported it under its own folder (snapshots/it{K}/); this links it into place.
 rule es_snapshot:
     input:
-        model=lambda wc: f"{snapshot_parent_dir(wc)}/model",
-        metrics=lambda wc: f"{snapshot_parent_dir(wc)}/metrics.jsonl",
-        summary=lambda wc: f"{snapshot_parent_dir(wc)}/summary.json",
+        unpack(snapshot_parent_files),
     output:
         model=directory(f"{RESULTS}/{{model}}/{{task}}/{{run}}/model"),
         metrics=f"{RESULTS}/{{model}}/{{task}}/{{run}}/metrics.jsonl",
         summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/summary.json",
     params:
-        iteration=lambda wc: run_spec_of(wc).labels["iterations"],
-        parent=lambda wc: run_spec_of(wc).labels["snapshot_of"],
-        settings=lambda wc: run_spec_of(wc).settings,
-        labels=lambda wc: run_spec_of(wc).labels,
+        iteration=snapshot_iteration,
+        parent=snapshot_parent_run,
+        settings=run_settings,
+        labels=run_labels,
     wildcard_constraints:
         run=SNAPSHOT_RUN_PATTERN,
     localrule: True

@@ -7,7 +7,6 @@ import pandas as pd
 import pytest
 import torch
 
-from esgrpo.analysis.claims import Claim, claims_table, verdict
 from esgrpo.analysis.cosine import cosine, cosine_by_layer, cosine_by_module_type
 from esgrpo.analysis.drift import delta, drift_by, drift_table, l2, layer_index, module_type, relative_l2
 from esgrpo.analysis.interpolation import (
@@ -340,41 +339,3 @@ def test_sequence_kl_stats():
     assert s2["prompt_mean"] == pytest.approx((4.0 / 3 + 0.5) / 2)
     assert s2["n_prompts"] == 2
 
-
-# ------------------------------------------------------------------ claims
-
-
-def test_claim_verdicts_flip_with_numbers():
-    gt = Claim("B1", "B", "ES beats GRPO on Pass@32", "pass32_es_minus_grpo", ">")
-    assert verdict(0.02, 0.01, 0.03, gt) == "holds"
-    assert verdict(-0.02, -0.03, -0.01, gt) == "does not hold"
-    assert verdict(0.01, -0.01, 0.03, gt) == "inconclusive"
-    lt = Claim("B2", "B", "GRPO below base", "d", "<")
-    assert verdict(-0.02, -0.03, -0.01, lt) == "holds"
-    assert verdict(0.02, 0.01, 0.03, lt) == "does not hold"
-    eq = Claim("A4", "A", "cosine ~ 0", "cos", "~=0", margin=0.05)
-    assert verdict(0.0, -0.01, 0.02, eq) == "holds"
-    assert verdict(0.3, 0.2, 0.4, eq) == "does not hold"
-    assert verdict(0.04, 0.0, 0.08, eq) == "inconclusive"
-    le = Claim("X", "A", "no forgetting", "drop", "<=", threshold=0.0, margin=0.02)
-    assert verdict(0.01, 0.0, 0.015, le) == "holds"
-    assert verdict(0.05, 0.03, 0.07, le) == "does not hold"
-    ge = Claim("Y", "A", "ratio at least 10", "ratio", ">=", threshold=10.0)
-    assert verdict(40, 30, 50, ge) == "holds" and verdict(5, 4, 6, ge) == "does not hold"
-    assert verdict(float("nan"), 0.1, 0.2, gt) == "inconclusive"
-    with pytest.raises(ValueError):
-        Claim("Z", "A", "bad", "m", "!=")
-    with pytest.raises(ValueError):
-        verdict(0.0, 1.0, -1.0, gt)
-
-
-def test_claims_table():
-    c1 = Claim("B1", "B", "ES beats GRPO", "m1", ">")
-    c2 = Claim("A4", "A", "orthogonal", "cos", "~=0", margin=0.1)
-    df = claims_table(
-        [(c1, 0.02, 0.01, 0.03), {"claim": c2, "estimate": 0.5, "lo": 0.4, "hi": 0.6, "model": "q"}]
-    )
-    assert list(df["verdict"]) == ["holds", "does not hold"]
-    assert list(df.columns[:7]) == ["id", "paper", "statement", "metric", "comparison", "threshold", "margin"]
-    assert list(df.columns[-4:]) == ["estimate", "lo", "hi", "verdict"]
-    assert df.loc[1, "model"] == "q" and pd.isna(df.loc[0, "model"])

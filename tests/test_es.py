@@ -1,4 +1,5 @@
-"""Tests of the seeds-only ES trainer (esgrpo.es) on tiny random Llamas and synthetic fitness.
+"""Tests of the seeds-only ES trainer (esgrpo.es) over its transformers backend (esgrpo.hf_es), and of
+the ES maths (esgrpo.es_ops), on tiny random Llamas and synthetic fitness.
 
 The synthetic evaluators compute fitness from the member weights they are handed (a real
 objective, not a stand-in for ES logic), so the tests see exactly what ES does to theta.
@@ -22,23 +23,22 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from esgrpo.es import (
-    ESConfig,
-    FitnessResult,
+from esgrpo.checkpoint import LOCK_NAME, ProgressFolder
+from esgrpo.es import snapshot_dir, train_es
+from esgrpo.es_backend import FitnessResult
+from esgrpo.es_config import ESConfig
+from esgrpo.es_ops import (
     all_equal,
-    es_update_direction,
+    apply_update,
     iter_population,
-    make_population_evaluator,
     member_seeds,
     normalize_fitness,
     perturbed_population,
     prompt_batch,
     stable_name_hash,
     tensor_noise,
-    theta_from_model,
-    train_es,
-    trainable_names,
 )
+from esgrpo.hf_es import HFESBackend, make_population_evaluator, theta_from_model, trainable_names
 from esgrpo.io import read_jsonl
 
 torch.set_num_threads(1)
@@ -95,6 +95,12 @@ ROWS = [{"id": str(i), "prompt": f"q{i}", "answer": str(i % 3)} for i in range(1
 
 def saved_weights(out_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out_dir / "model" / "model.safetensors"))
+
+
+def run_es(model, tokenizer, rows, cfg, evaluate, out_dir, progress_dir, log=print, population="stacked"):
+    """`train_es` over the transformers backend holding `model`."""
+    backend = HFESBackend(model, tokenizer, evaluate, population=population)
+    return train_es(backend, rows, cfg, out_dir, progress_dir, log=log)
 
 
 # --------------------------------------------------------------------------- seeds and noise
@@ -184,6 +190,26 @@ def test_unknown_normalization_lists_allowed_values_and_unknown_keys_are_named()
     assert cfg.trainable == ["*norm*"] and ESConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_settings_are_light_documented_dataclasses_and_the_trainer_imports_no_generation():
+    """check_config builds the settings without the trainers; the ES loop and its maths import no
+    transformers and no vLLM (the backends do)."""
+    import dataclasses
+
+    from esgrpo.grpo_settings import GRPOSettings
+
+    code = ("import sys, esgrpo.es_config, esgrpo.grpo_settings; "
+            "heavy = [m for m in ('torch', 'transformers', 'trl', 'vllm') if m in sys.modules]; "
+            "import esgrpo.es, esgrpo.es_ops; "
+            "print(heavy, [m for m in ('transformers', 'vllm', 'esgrpo.population', 'esgrpo.hf_es') "
+            "if m in sys.modules])")
+    env = {**os.environ, "PYTHONPATH": str(TESTS.parent / "src")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[0] == "[] []"
+    for cls in (ESConfig, GRPOSettings):
+        undocumented = [f.name for f in dataclasses.fields(cls) if len(f.metadata.get("help", "")) < 10]
+        assert not undocumented, (cls.__name__, undocumented)
+
+
 def test_prompt_batches_fixed_or_resampled_from_seed_and_iteration():
     fixed = ESConfig(prompts_per_iteration=4, resample_prompts=False)
     assert prompt_batch(ROWS, fixed, 0) == ROWS[:4] == prompt_batch(ROWS, fixed, 9)
@@ -238,7 +264,7 @@ def test_sequential_evaluator_that_loads_members_leaves_model_restored(tmp_path)
         return FitnessResult(fitness=np.ones(count))  # all equal: no update may happen
 
     cfg = ESConfig(population_size=4, sigma=0.05, iterations=2, checkpoint_every=0)
-    summary = train_es(model, None, ROWS, cfg, load_members_then_tie, tmp_path / "out", tmp_path / "prog",
+    summary = run_es(model, None, ROWS, cfg, load_members_then_tie, tmp_path / "out", tmp_path / "prog",
                        log=lambda s: None, population="sequential")
     assert summary["updates"] == 0 and summary["skipped"] == 2
     for k, v in model.state_dict().items():
@@ -257,7 +283,7 @@ def test_update_matches_closed_form(tmp_path, antithetic, normalization):
     seen: list[np.ndarray] = []
     cfg = ESConfig(population_size=6, sigma=0.02, alpha=0.01, iterations=1, antithetic=antithetic,
                    normalization=normalization, seed=11)
-    summary = train_es(model, None, ROWS, cfg, quadratic_evaluator(target, seen), tmp_path / "o", tmp_path / "p",
+    summary = run_es(model, None, ROWS, cfg, quadratic_evaluator(target, seen), tmp_path / "o", tmp_path / "p",
                        log=lambda s: None)
     # independently: w from the recorded fitness, then theta0 + alpha/N sum_n w_n sign_n eps_n in float64
     f = seen[0]
@@ -280,15 +306,19 @@ def test_update_matches_closed_form(tmp_path, antithetic, normalization):
     assert summary["updates"] == 1 and not row["skipped"]
 
 
-def test_update_direction_sums_pairs_like_members():
+def test_update_sums_antithetic_pairs_like_members():
     shapes = {"a": (3, 4), "b": (5,)}
     seeds = member_seeds(2, 0, 4, antithetic=True)
     w = np.array([0.5, -1.0, 2.0, 0.25])
-    got = es_update_direction(shapes, seeds, w)
+    theta = {name: torch.full(shape, 1.5) for name, shape in shapes.items()}
+    norm = apply_update(theta, seeds, w, alpha=0.2)
+    step_sq = 0.0
     for name, shape in shapes.items():
-        want = sum(wn * sign * tensor_noise(seed, name, shape) for (seed, sign), wn in zip(seeds, w, strict=True))
-        torch.testing.assert_close(got[name], want)
-        assert got[name].dtype == torch.float32
+        step = 0.2 / 4 * sum(wn * sign * tensor_noise(seed, name, shape) for (seed, sign), wn in zip(seeds, w, strict=True))
+        torch.testing.assert_close(theta[name], 1.5 + step)
+        assert theta[name].dtype == torch.float32
+        step_sq += float(step.double().pow(2).sum())
+    assert norm == pytest.approx(math.sqrt(step_sq), rel=1e-6)
 
 
 def test_all_equal_fitness_skips_and_logs(tmp_path):
@@ -296,7 +326,7 @@ def test_all_equal_fitness_skips_and_logs(tmp_path):
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
     messages: list[str] = []
     cfg = ESConfig(population_size=4, sigma=0.05, iterations=3, checkpoint_every=1)
-    summary = train_es(model, None, ROWS, cfg,
+    summary = run_es(model, None, ROWS, cfg,
                        lambda pop, rows, cfg, generator=None: FitnessResult(fitness=np.full(4, 0.25)),
                        tmp_path / "o", tmp_path / "p", log=messages.append)
     rows = read_jsonl(tmp_path / "o" / "metrics.jsonl")
@@ -311,7 +341,7 @@ def test_all_equal_fitness_skips_and_logs(tmp_path):
 def test_zero_iterations_saves_the_starting_model(tmp_path):
     model = tiny_llama()
     init = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    summary = train_es(model, None, ROWS, ESConfig(iterations=0, population_size=4), random_evaluator,
+    summary = run_es(model, None, ROWS, ESConfig(iterations=0, population_size=4), random_evaluator,
                        tmp_path / "o", tmp_path / "p", log=lambda s: None)
     assert summary["updates"] == 0 and read_jsonl(tmp_path / "o" / "metrics.jsonl") == []
     assert all(torch.equal(v, init[k]) for k, v in saved_weights(tmp_path / "o").items())
@@ -322,7 +352,7 @@ def test_bf16_model_keeps_small_updates_in_fp32_master(tmp_path):
     names = trainable_names(model, ["*"])
     theta0 = theta_from_model(model, names)
     cfg = ESConfig(population_size=4, sigma=1e-2, alpha=1e-5, iterations=3, checkpoint_every=1)
-    summary = train_es(model, None, ROWS, cfg, random_evaluator, tmp_path / "o", tmp_path / "p",
+    summary = run_es(model, None, ROWS, cfg, random_evaluator, tmp_path / "o", tmp_path / "p",
                        log=lambda s: None)
     # steps of ~1e-5 per coordinate are far below bf16 resolution, yet the master moved as theory says
     d = sum(v.numel() for v in theta0.values())
@@ -332,6 +362,28 @@ def test_bf16_model_keeps_small_updates_in_fp32_master(tmp_path):
     saved = saved_weights(tmp_path / "o")
     for name in names:
         assert saved[name].dtype == torch.bfloat16 and torch.equal(saved[name], theta[name].to(torch.bfloat16))
+
+
+def test_a_bf16_model_takes_its_master_from_the_fp32_checkpoint(tmp_path):
+    """A stage starting from an fp32 export with the model loaded in bf16: master_from gives theta0 the
+    saved fp32 tensors bit for bit (the bf16 model's would be rounded), and the model runs theta cast."""
+    from transformers import AutoModelForCausalLM
+
+    start = tiny_llama(hidden=32)
+    with torch.no_grad():
+        for p in start.parameters():
+            p.add_(torch.randn_like(p) * 1e-4)  # bits below bf16's resolution, as an ES update leaves them
+    start.save_pretrained(tmp_path / "stage1")
+    saved = {k: v.detach().clone() for k, v in start.named_parameters()}
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "stage1", dtype=torch.bfloat16)
+    cfg = ESConfig(population_size=4, sigma=1e-2, alpha=1e-5, iterations=0)
+    backend = HFESBackend(model, None, random_evaluator, master_from=str(tmp_path / "stage1"))
+    backend.start(cfg)
+    assert set(backend.theta0) == set(saved) and all(torch.equal(backend.theta0[n], saved[n]) for n in saved)
+    assert all(torch.equal(p, saved[n].to(torch.bfloat16)) for n, p in model.named_parameters())
+    rounded = HFESBackend(model, None, random_evaluator)
+    rounded.start(cfg)
+    assert not all(torch.equal(rounded.theta0[n], saved[n]) for n in saved)  # what the model alone gives
 
 
 # --------------------------------------------------------------------------- checkpoints and resume
@@ -352,7 +404,7 @@ def _kill_resume_job(out_dir: str, progress_dir: str, iterations: int, sleep_s: 
 
     cfg = ESConfig(population_size=6, sigma=0.02, alpha=0.01, iterations=iterations, checkpoint_every=2,
                    prompts_per_iteration=3, resample_prompts=True, seed=5)
-    return train_es(model, None, ROWS, cfg, slow, out_dir, progress_dir, log=lambda s: None)
+    return run_es(model, None, ROWS, cfg, slow, out_dir, progress_dir, log=lambda s: None)
 
 
 def test_sigkill_then_resume_gives_identical_weights(tmp_path):
@@ -372,8 +424,10 @@ def test_sigkill_then_resume_gives_identical_weights(tmp_path):
     child.wait()
     assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
     assert not (out / "summary.json").exists()  # it really died before the end
+    assert json.loads((prog / LOCK_NAME).read_text())["pid"] == child.pid  # its lock outlived it ...
     summary = _kill_resume_job(str(out), str(prog), 6, 0.0)
     assert summary["resumed_from"] in (2, 4)
+    assert not (prog / LOCK_NAME).exists()  # ... was taken over (a dead pid on this host) and given back
     ref, got = saved_weights(tmp_path / "ref"), saved_weights(out)
     assert ref.keys() == got.keys()
     for k in ref:
@@ -389,20 +443,40 @@ def test_sigkill_then_resume_gives_identical_weights(tmp_path):
                 assert a[k] == b[k], k
 
 
+def test_a_second_trainer_on_a_held_progress_folder_stops_and_names_the_holder(tmp_path):
+    """Two writers would interleave checkpoints: a trainer (here a subprocess) refuses a folder another
+    process holds, with the folder and the holder in its message, and writes nothing."""
+    out, prog = tmp_path / "out", tmp_path / "prog"
+    code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); from test_es import _kill_resume_job; "
+            f"_kill_resume_job({str(out)!r}, {str(prog)!r}, 2, 0.0)")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent / "src")}
+    with ProgressFolder(prog, "step-"):  # this process writes the folder
+        second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode != 0
+    message = second.stderr.strip().splitlines()[-1]
+    assert message.startswith("esgrpo.checkpoint.ProgressFolderLocked"), second.stderr[-2000:]
+    assert str(prog) in message and f"pid {os.getpid()} on host" in message
+    assert not list(prog.glob("step-*")) and not (out / "summary.json").exists()
+    # the holder gave it back: now a trainer runs
+    assert _kill_resume_job(str(out), str(prog), 2, 0.0)["resumed_from"] is None
+    assert not (prog / LOCK_NAME).exists()
+
+
 def test_checkpoint_schedule_and_extending_a_finished_run(tmp_path):
     target = {k: v.detach().float() + 0.1 for k, v in tiny_llama(seed=1).named_parameters()}
     evaluate = quadratic_evaluator(target)
     base = {"population_size": 4, "sigma": 0.02, "alpha": 0.01, "checkpoint_every": 2, "seed": 2}
-    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, **base), evaluate,
+    run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, **base), evaluate,
              tmp_path / "five", tmp_path / "five_p", log=lambda s: None)
     assert [p.name for p in (tmp_path / "five_p").glob("step-*")] == ["step-00000005"]  # only the newest
-    assert (tmp_path / "five_p" / "theta0.safetensors").exists()
+    assert (tmp_path / "five_p" / "run.json").exists()  # whose checkpoints these are
     assert not list((tmp_path / "five_p").glob(".tmp-*"))
+    assert not (tmp_path / "five_p" / LOCK_NAME).exists()  # the writer lock goes with the run
     # a run of 3 iterations extended to 5 (same progress folder) equals a run of 5
-    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=3, **base), evaluate,
+    run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=3, **base), evaluate,
              tmp_path / "ext", tmp_path / "ext_p", log=lambda s: None)
     messages: list[str] = []
-    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, **base), evaluate,
+    summary = run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, **base), evaluate,
                        tmp_path / "ext", tmp_path / "ext_p", log=messages.append)
     assert summary["resumed_from"] == 3 and any("resuming" in m for m in messages)
     five, ext = saved_weights(tmp_path / "five"), saved_weights(tmp_path / "ext")
@@ -410,7 +484,7 @@ def test_checkpoint_schedule_and_extending_a_finished_run(tmp_path):
     assert [r["iteration"] for r in read_jsonl(tmp_path / "ext" / "metrics.jsonl")] == [1, 2, 3, 4, 5]
     # other settings with the same progress folder: not resumed, started afresh
     messages.clear()
-    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=2, **{**base, "sigma": 0.03}), evaluate,
+    summary = run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=2, **{**base, "sigma": 0.03}), evaluate,
                        tmp_path / "ext", tmp_path / "ext_p", log=messages.append)
     assert summary["resumed_from"] is None and any("afresh" in m for m in messages)
     assert [r["iteration"] for r in read_jsonl(tmp_path / "ext" / "metrics.jsonl")] == [1, 2]
@@ -419,16 +493,14 @@ def test_checkpoint_schedule_and_extending_a_finished_run(tmp_path):
 def test_snapshots_are_the_shorter_runs_and_survive_a_resume(tmp_path):
     """A 5-iteration run with snapshots at 2 and 3 exports exactly the 2- and 3-iteration runs' models, and a
     run resumed past a snapshot (killed after 3, extended to 5) still has it."""
-    from esgrpo.es import snapshot_dir
-
     target = {k: v.detach().float() + 0.1 for k, v in tiny_llama(seed=1).named_parameters()}
     evaluate = quadratic_evaluator(target)
     base = {"population_size": 4, "sigma": 0.02, "alpha": 0.01, "checkpoint_every": 1, "seed": 4}
-    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, snapshots=[3, 2], **base), evaluate,
+    summary = run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, snapshots=[3, 2], **base), evaluate,
                        tmp_path / "long", tmp_path / "long_p", log=lambda s: None)
     assert summary["config"]["snapshots"] == [2, 3]
     for k in (2, 3):
-        train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=k, **base), evaluate,
+        run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=k, **base), evaluate,
                  tmp_path / f"short{k}", tmp_path / f"short{k}_p", log=lambda s: None)
         snap = load_file(str(snapshot_dir(tmp_path / "long", k) / "model" / "model.safetensors"))
         short = saved_weights(tmp_path / f"short{k}")
@@ -439,9 +511,9 @@ def test_snapshots_are_the_shorter_runs_and_survive_a_resume(tmp_path):
         for key in ("updates", "distance_from_init", "theory_distance", "rollouts", "trainable_parameters"):
             assert record[key] == pytest.approx(short_summary[key], rel=1e-12), key
     # snapshots are not part of the resume fingerprint: adding one does not restart a run
-    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=3, snapshots=[2], **base), evaluate,
+    run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=3, snapshots=[2], **base), evaluate,
              tmp_path / "ext", tmp_path / "ext_p", log=lambda s: None)
-    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, snapshots=[2, 4], **base), evaluate,
+    summary = run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, snapshots=[2, 4], **base), evaluate,
                        tmp_path / "ext", tmp_path / "ext_p", log=lambda s: None)
     assert summary["resumed_from"] == 3
     assert sorted(p.name for p in (tmp_path / "ext" / "snapshots").iterdir()) == ["it2", "it4"]
@@ -453,20 +525,18 @@ def test_snapshots_are_the_shorter_runs_and_survive_a_resume(tmp_path):
 
 def test_a_snapshot_before_the_checkpoint_that_was_never_exported_forces_a_fresh_start(tmp_path):
     """es.snapshots gained K after the run checkpointed past K: resuming would never export K."""
-    from esgrpo.es import snapshot_dir
-
     target = {k: v.detach().float() + 0.1 for k, v in tiny_llama(seed=1).named_parameters()}
     evaluate = quadratic_evaluator(target)
     base = {"population_size": 4, "sigma": 0.02, "alpha": 0.01, "checkpoint_every": 1, "seed": 4}
     (tmp_path / "run" / "snapshots" / "it9").mkdir(parents=True)  # debris of another run: cleared
-    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=3, **base), evaluate,
+    run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=3, **base), evaluate,
              tmp_path / "run", tmp_path / "run_p", log=lambda s: None)
     assert not (tmp_path / "run" / "snapshots").exists()
     messages: list[str] = []
-    summary = train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=4, snapshots=[2], **base), evaluate,
+    summary = run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=4, snapshots=[2], **base), evaluate,
                        tmp_path / "run", tmp_path / "run_p", log=messages.append)
     assert summary["resumed_from"] is None and any("never exported" in m for m in messages)
-    train_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=2, **base), evaluate,
+    run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=2, **base), evaluate,
              tmp_path / "two", tmp_path / "two_p", log=lambda s: None)
     snap = load_file(str(snapshot_dir(tmp_path / "run", 2) / "model" / "model.safetensors"))
     assert all(torch.equal(snap[k], v) for k, v in saved_weights(tmp_path / "two").items())
@@ -486,7 +556,7 @@ def test_update_norm_follows_alpha_sqrt_t_d_over_n(tmp_path):
     d = sum(p.numel() for p in model.parameters())
     assert d > 20_000
     cfg = ESConfig(population_size=8, sigma=1e-3, alpha=1e-3, iterations=20, checkpoint_every=0, seed=4)
-    summary = train_es(model, None, ROWS, cfg, random_evaluator, tmp_path / "o", tmp_path / "p",
+    summary = run_es(model, None, ROWS, cfg, random_evaluator, tmp_path / "o", tmp_path / "p",
                        log=lambda s: None)
     rows = read_jsonl(tmp_path / "o" / "metrics.jsonl")
     assert summary["updates"] == 20
@@ -507,7 +577,7 @@ def test_es_improves_a_quadratic_objective_on_chosen_tensors_only(tmp_path):
     start = distance(init)
     cfg = ESConfig(population_size=16, sigma=0.02, alpha=0.02, iterations=40, trainable=["*norm*"],
                    checkpoint_every=0, seed=1)
-    train_es(model, None, ROWS, cfg, quadratic_evaluator(target), tmp_path / "o", tmp_path / "p",
+    run_es(model, None, ROWS, cfg, quadratic_evaluator(target), tmp_path / "o", tmp_path / "p",
              log=lambda s: None)
     final = saved_weights(tmp_path / "o")
     assert distance(final) < 0.5 * start
@@ -606,7 +676,7 @@ def test_train_es_end_to_end_with_default_evaluator_saves_hf_model(tokenizer, tm
                                          reference_generate, prompt_chunk=2)
     cfg = ESConfig(population_size=4, sigma=0.3, alpha=0.05, iterations=2, prompts_per_iteration=2,
                    max_new_tokens=4, checkpoint_every=1)
-    summary = train_es(model, tokenizer, rows, cfg, evaluate, tmp_path / "o", tmp_path / "p", log=lambda s: None)
+    summary = run_es(model, tokenizer, rows, cfg, evaluate, tmp_path / "o", tmp_path / "p", log=lambda s: None)
     rows_logged = read_jsonl(tmp_path / "o" / "metrics.jsonl")
     assert len(rows_logged) == 2 and rows_logged[-1]["rollouts"] == 2 * 4 * 2
     assert all(0 <= r["js_diversity"] <= math.log(2) for r in rows_logged)

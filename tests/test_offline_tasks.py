@@ -7,8 +7,8 @@ import random
 import pytest
 
 from esgrpo.rewards import reward
-from esgrpo.tasks.base import get_task
-from esgrpo.tasks.offline import OFFLINE_TASKS, countdown_solutions, evaluate_expression, worked_solution
+from esgrpo.tasks.offline import countdown_solutions, evaluate_expression, worked_solution
+from esgrpo.tasks.registry import OFFLINE_TASKS, get_task
 
 
 @pytest.fixture(scope="module")

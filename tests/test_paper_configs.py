@@ -141,11 +141,11 @@ def job_counts(workdir: Path, configfile: Path, targets: list[str]) -> tuple[dic
 
 def paper_rules() -> dict[str, list[str]]:
     """The table/figure rules of each paper (rules/paper.smk)."""
-    from esgrpo.pipeline import paper
+    from esgrpo.report import planning
 
     return {
-        "paper_a": [f"table_{t}" for t in paper.PAPER_A_TABLES] + [f"figure_{f}" for f in paper.PAPER_A_FIGURES],
-        "paper_b": [f"table_{t}" for t in paper.PAPER_B_TABLES] + [f"figure_{f}" for f in paper.PAPER_B_FIGURES],
+        "paper_a": [f"table_{t}" for t in planning.PAPER_A_TABLES] + [f"figure_{f}" for f in planning.PAPER_A_FIGURES],
+        "paper_b": [f"table_{t}" for t in planning.PAPER_B_TABLES] + [f"figure_{f}" for f in planning.PAPER_B_FIGURES],
     }
 
 

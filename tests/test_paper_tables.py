@@ -1,5 +1,5 @@
-"""Paper tables, figures and claims (esgrpo.pipeline.paper) on SYNTHETIC tidy inputs with known answers,
-plus a dry run of the paper targets on configs/ci.yaml."""
+"""Paper tables, figures and claims (esgrpo.report) on SYNTHETIC tidy inputs with known answers,
+the claims engine, plus a dry run of the paper targets on configs/ci.yaml."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import copy
 import json
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +16,8 @@ import pandas as pd
 import pytest
 from conftest import REPO, run_workflow
 
-from esgrpo.analysis.claims import VERDICTS
-from esgrpo.claims_catalog import CLAIMS
-from esgrpo.pipeline import paper
+from esgrpo.report import loading, planning, stages, stats
+from esgrpo.report.claims import CLAIMS, VERDICTS, Claim, claims_table, verdict
 from esgrpo.runs import planned_runs
 
 TASKS = ["countdown3", "sum_yesno", "leg_count"]
@@ -69,7 +70,7 @@ def _prompt_rows(model, run, train_task, kind, rng, grpo_sharp):
 def _metrics_rows(run, kind, rng):
     rows = []
     T = 10
-    pop = paper.run_labels(run)["population"]
+    pop = loading.run_labels(run)["population"]
     for t in range(1, T + 1):
         if kind in ("grpo", "cl_grpo", "es->grpo"):
             rows.append({"method": "grpo", "iteration": t, "fitness_mean": 0.3 + 0.04 * t, "fitness_std": 0.1,
@@ -93,7 +94,7 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
     """A synthetic results/ tree of every tidy file the paper stages read; returns the analysis paths."""
     rng = np.random.default_rng(seed)
     res = root / "results"
-    setup = paper.paper_setup(config)
+    setup = planning.paper_setup(config)
     analysis = []
 
     def jsonl(path: Path, rows):
@@ -109,18 +110,18 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
         jsonl(res / model / "base" / "eval_prompts.jsonl", _prompt_rows(model, "base", "none", "base", rng, grpo_sharp))
         a = res / "analysis" / model
         for task, run in planned_runs(config, model):
-            kind = paper.run_kind(run, setup["main_n"], setup["main_g"])
+            kind = planning.run_kind(run, setup["main_n"], setup["main_g"])
             d = res / model / task / run
             jsonl(d / "eval_prompts.jsonl", _prompt_rows(model, run, task, kind, rng, grpo_sharp))
             jsonl(d / "metrics.jsonl", _metrics_rows(run, kind, rng))
             scale = 0.05 if "grpo" in kind.split("->")[-1] else 1.0
-            stage = paper.run_labels(run)["stage"]
+            stage = loading.run_labels(run)["stage"]
             scale *= math.sqrt(stage) if not math.isnan(stage) else 1.0
             csv(a / "drift" / task / f"{run}.csv",
                 [{"model": model, "task": task, "run": run, "method": "es", "name": name, "module_type": mt,
                   "layer": 0, "numel": 100, "l2": scale * (2.0 if mt == "norm" else 1.0), "base_l2": 10.0,
                   "init_l2": scale} for name, mt in MODULES.items()])
-            if kind in paper.ES_KINDS:
+            if kind in planning.ES_KINDS:
                 csv(a / "theory" / task / f"{run}.csv",
                     [{"iteration": t, "updates": t, "distance": math.sqrt(0.0102 * t), "sq_distance": 0.0102 * t,
                       "theory_sq": 0.01 * t} for t in range(1, 11)])
@@ -160,17 +161,17 @@ def _outputs(tmp: Path, name: str, figure: bool = False) -> dict:
 
 
 def build(root: Path, name: str, analysis: list[str], config: dict = CONFIG, figure: bool = False) -> dict:
-    inputs = paper.paper_inputs(config, name, analysis, results=str(root / "results"))
+    inputs = planning.paper_inputs(config, name, analysis, results=str(root / "results"))
     output = _outputs(root / "out", name, figure)
-    paper.run_paper_stage(input=inputs, output=output, params={"stage": name, "setup": paper.paper_setup(config)},
-                          wildcards={}, threads=1)
+    stages.run_paper_stage(input=inputs, output=output, params={"stage": name, "setup": planning.paper_setup(config)},
+                           wildcards={}, threads=1)
     return output
 
 
 @pytest.fixture(autouse=True)
 def fewer_bootstrap_replicates(monkeypatch):
     """200 replicates instead of 2000: the tests check bounds and verdicts, not the third decimal."""
-    monkeypatch.setattr(paper, "N_BOOT", 200)
+    monkeypatch.setattr(stats, "N_BOOT", 200)
 
 
 @pytest.fixture(scope="module")
@@ -189,18 +190,18 @@ def synthetic_flipped(tmp_path_factory):
 
 
 def test_run_names_classify_and_carry_their_seed():
-    kinds = {run: paper.run_kind(run, 16, 8) for run in
+    kinds = {run: planning.run_kind(run, 16, 8) for run in
              ["base", "es-n16-s0", "es-n4-s1", "es-n16-norm_rank-s0", "es-n16-anti-s2", "grpo-g8-s0",
               "grpo-g4-s0", "es-then-grpo-s1", "grpo-then-es-s0", "cl_es-s3-k2"]}
     assert kinds == {"base": "base", "es-n16-s0": "es", "es-n4-s1": "es_pop", "es-n16-norm_rank-s0": "es_norm",
                      "es-n16-anti-s2": "es_anti", "grpo-g8-s0": "grpo", "grpo-g4-s0": "grpo_group",
                      "es-then-grpo-s1": "es->grpo", "grpo-then-es-s0": "grpo->es", "cl_es-s3-k2": "cl_es"}
-    assert [paper.seed_of(r) for r in ("es-n16-s3", "cl_grpo-s2-k4", "es-then-grpo-s1", "base")] == [3, 2, 1, -1]
-    assert paper.variant_of("cl_es-s3-k2") == "cl_es-k2" and paper.variant_of("es-n16-norm_rank-s0") == "es-n16-norm_rank"
+    assert [loading.seed_of(r) for r in ("es-n16-s3", "cl_grpo-s2-k4", "es-then-grpo-s1", "base")] == [3, 2, 1, -1]
+    assert loading.variant_of("cl_es-s3-k2") == "cl_es-k2" and loading.variant_of("es-n16-norm_rank-s0") == "es-n16-norm_rank"
     # a snapshot of the main ES run: its own kind, its budget in the method column, its seed
-    assert paper.run_kind("es-n16-it100-s2", 16, 8) == "es_snap" and paper.seed_of("es-n16-it100-s2") == 2
-    assert paper.method_of("es-n16-it100-s2", "es_snap") == "ES (100 it)" and paper.method_of("x", "es") == "ES"
-    assert paper.variant_of("es-n16-it100-s2") == "es-n16-it100"
+    assert planning.run_kind("es-n16-it100-s2", 16, 8) == "es_snap" and loading.seed_of("es-n16-it100-s2") == 2
+    assert planning.method_of("es-n16-it100-s2", "es_snap") == "ES (100 it)" and planning.method_of("x", "es") == "ES"
+    assert loading.variant_of("es-n16-it100-s2") == "es-n16-it100"
 
 
 def test_matched_rollouts_picks_the_last_step_within_the_smaller_total():
@@ -210,36 +211,89 @@ def test_matched_rollouts_picks_the_last_step_within_the_smaller_total():
              "iteration": t, "rollouts": 64 * t, "fitness_mean": t / 10} for t in range(1, 11)]
     rows += [{"model": "m", "task": "t", "run": "grpo-g4-s0", "variant": "grpo-g4", "seed": 0, "method": "GRPO",
               "iteration": t, "rollouts": 50 * t, "fitness_mean": t / 20} for t in range(1, 11)]
-    sel = paper.matched_rows(pd.DataFrame(rows), ["es-n4", "grpo-g4"], "rollouts").set_index("variant")
+    sel = stats.matched_rows(pd.DataFrame(rows), ["es-n4", "grpo-g4"], "rollouts").set_index("variant")
     assert sel.loc["es-n4", "iteration"] == 7 and sel.loc["es-n4", "rollouts"] == 448
     assert sel.loc["grpo-g4", "iteration"] == 10
     assert set(sel["matched_at"]) == {500}
     # a single method has nothing to be matched with
-    assert paper.matched_rows(pd.DataFrame(rows[:10]), ["es-n4", "grpo-g4"]).empty
+    assert stats.matched_rows(pd.DataFrame(rows[:10]), ["es-n4", "grpo-g4"]).empty
 
 
 def test_smallest_population_within_tolerance():
-    assert paper.smallest_sufficient({8: 0.60, 16: 0.695, 32: 0.69, 64: 0.70}) == 16
-    assert paper.smallest_sufficient({8: 0.71, 16: 0.5, 64: 0.70}) == 8  # a better small N also suffices
-    assert paper.smallest_sufficient({8: 0.5, 16: 0.6, 64: 0.70}) == 64
-    assert paper.smallest_sufficient({}) is None
+    assert stats.smallest_sufficient({8: 0.60, 16: 0.695, 32: 0.69, 64: 0.70}) == 16
+    assert stats.smallest_sufficient({8: 0.71, 16: 0.5, 64: 0.70}) == 8  # a better small N also suffices
+    assert stats.smallest_sufficient({8: 0.5, 16: 0.6, 64: 0.70}) == 64
+    assert stats.smallest_sufficient({}) is None
 
 
 def test_inputs_follow_the_config(tmp_path):
     es_only = copy.deepcopy(CONFIG)
     del es_only["grpo"]
     es_only["sequential"] = {}
-    inputs = paper.paper_inputs(es_only, "b_passk")
+    inputs = planning.paper_inputs(es_only, "b_passk")
     assert not any("grpo" in p for p in inputs["prompts"])
     assert "results/tiny/base/eval_prompts.jsonl" in inputs["prompts"]
-    assert paper.paper_inputs(es_only, "a_sequential")["prompts"] == ["results/tiny/base/eval_prompts.jsonl"]
-    population = paper.paper_inputs(CONFIG, "b_population")["metrics"]
+    assert planning.paper_inputs(es_only, "a_sequential")["prompts"] == ["results/tiny/base/eval_prompts.jsonl"]
+    population = planning.paper_inputs(CONFIG, "b_population")["metrics"]
     assert sorted(Path(p).parent.name for p in population) == sorted(
         f"es-n{n}-s{s}" for n in (2, 4, 8) for s in (0, 1))
     assert all("/countdown3/" in p for p in population)
     drift = ["results/analysis/tiny/drift/countdown3/es-n4-s0.csv", "results/analysis/tiny/drift/countdown3/es-n2-s0.csv",
              "results/analysis/tiny/theory/countdown3/es-n4-s0.json", "results/analysis/other/drift/x/es-n4-s0.csv"]
-    assert paper.paper_inputs(CONFIG, "b_drift", drift)["drift"] == [drift[0]]
+    assert planning.paper_inputs(CONFIG, "b_drift", drift)["drift"] == [drift[0]]
+
+
+# --------------------------------------------------------------------------- the claims engine
+
+
+def test_claim_verdicts_flip_with_numbers():
+    gt = Claim("B1", "B", "ES beats GRPO on Pass@32", "pass32_es_minus_grpo", ">")
+    assert verdict(0.02, 0.01, 0.03, gt) == "holds"
+    assert verdict(-0.02, -0.03, -0.01, gt) == "does not hold"
+    assert verdict(0.01, -0.01, 0.03, gt) == "inconclusive"
+    lt = Claim("B2", "B", "GRPO below base", "d", "<")
+    assert verdict(-0.02, -0.03, -0.01, lt) == "holds"
+    assert verdict(0.02, 0.01, 0.03, lt) == "does not hold"
+    eq = Claim("A4", "A", "cosine ~ 0", "cos", "~=0", margin=0.05)
+    assert verdict(0.0, -0.01, 0.02, eq) == "holds"
+    assert verdict(0.3, 0.2, 0.4, eq) == "does not hold"
+    assert verdict(0.04, 0.0, 0.08, eq) == "inconclusive"
+    le = Claim("X", "A", "no forgetting", "drop", "<=", threshold=0.0, margin=0.02)
+    assert verdict(0.01, 0.0, 0.015, le) == "holds"
+    assert verdict(0.05, 0.03, 0.07, le) == "does not hold"
+    ge = Claim("Y", "A", "ratio at least 10", "ratio", ">=", threshold=10.0)
+    assert verdict(40, 30, 50, ge) == "holds" and verdict(5, 4, 6, ge) == "does not hold"
+    assert verdict(float("nan"), 0.1, 0.2, gt) == "inconclusive"
+    with pytest.raises(ValueError):
+        Claim("Z", "A", "bad", "m", "!=")
+    with pytest.raises(ValueError):
+        verdict(0.0, 1.0, -1.0, gt)
+
+
+def test_claims_table():
+    c1 = Claim("B1", "B", "ES beats GRPO", "m1", ">")
+    c2 = Claim("A4", "A", "orthogonal", "cos", "~=0", margin=0.1)
+    df = claims_table(
+        [(c1, 0.02, 0.01, 0.03), {"claim": c2, "estimate": 0.5, "lo": 0.4, "hi": 0.6, "model": "q"}]
+    )
+    assert list(df["verdict"]) == ["holds", "does not hold"]
+    assert list(df.columns[:7]) == ["id", "paper", "statement", "metric", "comparison", "threshold", "margin"]
+    assert list(df.columns[-4:]) == ["estimate", "lo", "hi", "verdict"]
+    assert df.loc[1, "model"] == "q" and pd.isna(df.loc[0, "model"])
+
+
+def test_registry_runs_every_planned_stage():
+    assert list(stages.TABLES) == [*planning.PAPER_A_TABLES, *planning.PAPER_B_TABLES, "claims"]
+    assert list(stages.FIGURES) == [*planning.PAPER_A_FIGURES, *planning.PAPER_B_FIGURES]
+    assert set(planning.NEEDS) == set(stages.TABLES) | set(stages.FIGURES)
+
+
+def test_planning_stays_light_for_the_dag_parse():
+    """rules/common.smk imports esgrpo.report.planning at every `snakemake` start: no pandas, no torch."""
+    code = ("import sys, esgrpo.report.planning; "
+            "print(sorted(m for m in ('pandas', 'torch', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
 
 
 # --------------------------------------------------------------------------- tables on synthetic data
@@ -316,8 +370,8 @@ def test_claims_verdicts_follow_the_numbers(synthetic, synthetic_flipped):
               "b_drift_ratio": "holds", "a_norm_ratio_continual": "holds", "b_sparsity": "holds",
               "b_entropy_es_stable": "holds", "b_entropy_grpo_collapses": "holds", "b_zscore_vs_none": "holds",
               "b_zscore_vs_rank": "holds", "b_population": "holds"}
-    for cid, verdict in expect.items():
-        assert sharp.loc[cid, "verdict"] == verdict, (cid, sharp.loc[cid].to_dict())
+    for cid, expected in expect.items():
+        assert sharp.loc[cid, "verdict"] == expected, (cid, sharp.loc[cid].to_dict())
     assert sharp.loc["a_norm_theory", "estimate"] == pytest.approx(1.02)
     assert sharp.loc["b_sparsity", "estimate"] == pytest.approx(0.8)
     assert sharp.loc["b_drift_ratio", "estimate"] == pytest.approx(20.0)
@@ -348,7 +402,7 @@ def test_claims_not_run_without_grpo(tmp_path):
     assert seq["status"].tolist() == ["not run"]
 
 
-@pytest.mark.parametrize("name", paper.PAPER_A_TABLES + paper.PAPER_B_TABLES)
+@pytest.mark.parametrize("name", planning.PAPER_A_TABLES + planning.PAPER_B_TABLES)
 def test_every_table_builds_with_cis(synthetic, name):
     root, analysis = synthetic
     out = build(root, name, analysis)
@@ -382,7 +436,7 @@ QUICK_FIGURES = ["sequential_matrix", "js_diversity_vs_passk_gain"]
 
 @pytest.mark.parametrize("name", [
     n if n in QUICK_FIGURES else pytest.param(n, marks=pytest.mark.slow)
-    for n in paper.PAPER_A_FIGURES + paper.PAPER_B_FIGURES])
+    for n in planning.PAPER_A_FIGURES + planning.PAPER_B_FIGURES])
 def test_every_figure_renders(synthetic, name):
     root, analysis = synthetic
     out = build(root, name, analysis, figure=True)
@@ -393,9 +447,9 @@ def test_figures_say_not_run_without_inputs(tmp_path):
     config = copy.deepcopy(CONFIG)
     config["sequential"] = {}
     out = _outputs(tmp_path, "sequential_matrix", figure=True)
-    paper.run_paper_stage(input={"prompts": []}, output=out,
-                          params={"stage": "sequential_matrix", "setup": paper.paper_setup(config)},
-                          wildcards={}, threads=1)
+    stages.run_paper_stage(input={"prompts": []}, output=out,
+                           params={"stage": "sequential_matrix", "setup": planning.paper_setup(config)},
+                           wildcards={}, threads=1)
     assert Path(out["png"]).stat().st_size > 1000 and Path(out["pdf"]).stat().st_size > 1000
 
 
@@ -412,6 +466,6 @@ def test_every_paper_file_is_a_target_of_the_rules():
     for rule in ("rule paper_a:", "rule paper_b:", "rule claims:"):
         assert rule in text
     assert "def paper_targets():" in (REPO / "rules" / "common.smk").read_text()
-    for name in [*paper.PAPER_A_TABLES, *paper.PAPER_B_TABLES, "claims", *paper.PAPER_A_FIGURES,
-                 *paper.PAPER_B_FIGURES]:
+    for name in [*planning.PAPER_A_TABLES, *planning.PAPER_B_TABLES, "claims", *planning.PAPER_A_FIGURES,
+                 *planning.PAPER_B_FIGURES]:
         assert (REPO / "report" / f"{name}.rst").exists(), name

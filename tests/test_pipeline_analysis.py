@@ -13,6 +13,7 @@ import torch
 import yaml
 from conftest import REPO, run_workflow
 
+from esgrpo.analysis import settings as analysis_settings
 from esgrpo.evaluate import EvalSettings, evaluate_rows
 from esgrpo.io import read_json, write_json, write_jsonl
 from esgrpo.models import TinyLlamaSpec, build_tiny_llama, load_model, save_model, train_tokenizer
@@ -192,7 +193,7 @@ def test_sparsity_stage_keep_one_is_trained_keep_zero_is_base(ckpts, tmp_path):
 
 
 def test_kl_base_to_itself_is_zero_and_positive_for_a_perturbed_model(ckpts, tmp_path):
-    kl = {**A.DEFAULTS["kl"], "n_prompts": 3, "samples_per_prompt": 2, "max_new_tokens": 6, "batch_size": 4}
+    kl = {**analysis_settings.DEFAULTS["kl"], "n_prompts": 3, "samples_per_prompt": 2, "max_new_tokens": 6, "batch_size": 4}
     samples = []
     for task in TASKS:
         path = tmp_path / f"{task}.jsonl"
@@ -279,12 +280,16 @@ def test_schema_defaults_match_the_code():
     block = schema["properties"]["analysis"]["properties"]
     for key in ("analyses", "sparsity_fractions", "interpolation_steps", "scan_multiples", "random_direction_seed",
                 "interpolation_eval"):
-        assert block[key]["default"] == A.DEFAULTS[key], key
+        assert block[key]["default"] == analysis_settings.DEFAULTS[key], key
     for sub in ("eval", "kl"):
-        assert {k: v["default"] for k, v in block[sub]["properties"].items()} == A.DEFAULTS[sub]
-    merged = A.analysis_config({"analysis": {"kl": {"n_prompts": 5}}})
+        assert {k: v["default"] for k, v in block[sub]["properties"].items()} == analysis_settings.DEFAULTS[sub]
+    merged = analysis_settings.analysis_config({"analysis": {"kl": {"n_prompts": 5}}})
     assert merged["kl"]["n_prompts"] == 5 and merged["kl"]["samples_per_prompt"] == 4
-    assert A.analysis_eval_settings({"n_samples": 32, "ks": [1, 32], "backend": "vllm"}, merged["eval"])["ks"] == [1, 8]
+    eval_settings = analysis_settings.analysis_eval_settings({"n_samples": 32, "ks": [1, 32], "backend": "vllm"},
+                                                             merged["eval"])
+    assert eval_settings["ks"] == [1, 8] and "backend" not in eval_settings
+    with pytest.raises(ValueError, match=r"analysis.analyses: unknown \['geometry'\]"):
+        analysis_settings.analysis_config({"analysis": {"analyses": ["drift", "geometry"]}})
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import torch
 
 from esgrpo.evaluate import EvalSettings, answer_key, evaluate_rows
 from esgrpo.models import TinyLlamaSpec, build_tiny_llama, train_tokenizer
-from esgrpo.rollout import HFEngine
+from esgrpo.rollout import HFEngine, eos_token_ids, id_list, lengths_through_eos
 from esgrpo.tasks.offline import load_sum_yesno, worked_solution
 from esgrpo.warmup import WarmupConfig, build_examples, wrong_format
 
@@ -61,6 +61,26 @@ def test_evaluate_rows_counts_and_metrics(tiny):
         EvalSettings(n_samples=4, ks=[8])
 
 
+def test_eos_ids_join_the_generation_config_and_the_tokenizer_and_lengths_stop_at_the_first(tiny):
+    model, tokenizer, _ = tiny
+    assert id_list(None) == [] and id_list(7) == [7] and id_list((7, 9)) == [7, 9]
+    assert eos_token_ids(model, tokenizer) == [tokenizer.eos_token_id]
+    model.generation_config.eos_token_id = [11, tokenizer.eos_token_id]  # a chat model's several turn ends
+    try:
+        assert eos_token_ids(model, tokenizer) == [11, tokenizer.eos_token_id]
+        model.generation_config.eos_token_id = 11
+        assert eos_token_ids(model, tokenizer) == [11, tokenizer.eos_token_id]
+    finally:
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
+    no_eos = type("T", (), {"eos_token_id": None})()
+    with pytest.raises(ValueError, match="EOS"):
+        eos_token_ids(object(), no_eos)
+    tokens = torch.tensor([[5, 11, 0, 0], [5, 6, 7, 8], [2, 5, 2, 2]])
+    for eos in ([11, 2], [], [8]):  # against the plain definition, row by row
+        want = [next((i + 1 for i, t in enumerate(row) if t in eos), len(row)) for row in tokens.tolist()]
+        assert lengths_through_eos(tokens, eos).tolist() == want
+
+
 def test_answer_key_normalises_the_boxed_answer():
     assert answer_key("so \\boxed{ Yes }") == "yes"
     assert answer_key("no box") is None
@@ -76,3 +96,40 @@ def test_warmup_examples_mask_the_prompt_and_follow_the_format_split(tiny):
         assert ("\\boxed{" in completion) != wrong_format(row["prompt"][-1]["content"], 0.3)
         assert ids[-1] == tokenizer.eos_token_id
     assert WarmupConfig().min_accuracy < WarmupConfig().max_accuracy
+
+
+def test_evaluate_checkpoint_sizes_a_vllm_engine_for_its_longest_prompt(tiny, tmp_path, monkeypatch):
+    """eval.backend vllm: one engine for every eval task of the checkpoint, its max_model_len the longest
+    prompt over all tasks (chat template included) + eval.max_new_tokens; the engine block passes through."""
+    from esgrpo import vllm_engine
+    from esgrpo.io import read_json, write_json, write_jsonl
+    from esgrpo.pipeline.evaluation import evaluate_checkpoint
+    from esgrpo.vllm_engine import prompt_token_ids
+
+    model, tokenizer, rows = tiny
+    tokenizer.save_pretrained(tmp_path / "model")
+    short = rows[:3]
+    long = [{**r, "prompt": [{"role": "user", "content": r["prompt"][-1]["content"] * 3}]} for r in rows[3:5]]
+    inputs = {"test": [], "info": []}
+    for task, task_rows in (("short", short), ("long", long)):
+        write_jsonl(tmp_path / task / "test.jsonl", task_rows)
+        write_json(tmp_path / task / "info.json", {"verifier": "yesno"})
+        inputs["test"].append(str(tmp_path / task / "test.jsonl"))
+        inputs["info"].append(str(tmp_path / task / "info.json"))
+    built = []
+
+    class Engine(HFEngine):  # vLLM's stand-in: records how it is built, generates with transformers
+        def __init__(self, model_ref, dtype="bfloat16", **llm_kwargs):
+            built.append((model_ref, dtype, llm_kwargs))
+            super().__init__(model, tokenizer)
+
+    monkeypatch.setattr(vllm_engine, "VLLMEngine", Engine)
+    params = {"eval": {"backend": "vllm", "n_samples": 2, "ks": [1, 2], "max_new_tokens": 6, "test_size": None,
+                       "engine": {"gpu_memory_utilization": 0.4}},
+              "model": str(tmp_path / "model"), "eval_tasks": ["short", "long"], "run": "base", "train_task": "none"}
+    evaluate_checkpoint(inputs, {"summary": str(tmp_path / "eval.json"), "prompts": str(tmp_path / "p.jsonl")},
+                        params, {"model": "tiny"}, 1)
+    longest = max(len(ids) for ids in prompt_token_ids(tokenizer, short + long))
+    assert longest > max(len(ids) for ids in prompt_token_ids(tokenizer, short))  # the long task sets it
+    assert built == [(str(tmp_path / "model"), "bfloat16", {"gpu_memory_utilization": 0.4, "max_model_len": longest + 6})]
+    assert [e["eval_task"] for e in read_json(tmp_path / "eval.json")["evaluations"]] == ["short", "long"]

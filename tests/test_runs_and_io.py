@@ -13,9 +13,17 @@ from esgrpo.runs import (
     RUN_PATTERN,
     SNAPSHOT_RUN_PATTERN,
     TRAINED_RUN_PATTERN,
+    RunName,
+    continual_name,
     continual_stage_one,
+    es_name,
+    grpo_name,
+    pair_seed,
+    parse_run_name,
     planned_runs,
     run_spec,
+    sequential_name,
+    snapshot_name,
 )
 
 
@@ -50,6 +58,28 @@ def test_sequential_runs_start_from_the_first_stage(config):
     assert run_spec(config, order[2], "cl_grpo-s0-k3").init == (order[1], "cl_grpo-s0-k2")
     with pytest.raises(ValueError, match="stage 2 trains on"):
         run_spec(config, order[0], "cl_es-s0-k2")
+
+
+def test_run_names_parse_back_to_what_formatted_them():
+    cases = {
+        es_name(8, 3, "rank", True): RunName("es", "es", 3, "es-n8-norm_rank-anti", population=8,
+                                             normalization="rank", antithetic=True),
+        es_name(16, 0): RunName("es", "es", 0, "es-n16", population=16, normalization="zscore", antithetic=False),
+        snapshot_name(16, 10, 2): RunName("snapshot", "es", 2, "es-n16-it10", population=16, normalization="zscore",
+                                          antithetic=False, iterations=10),
+        grpo_name(8, 1): RunName("grpo", "grpo", 1, "grpo-g8", group=8),
+        sequential_name("es", "grpo", 4): RunName("sequential", "grpo", 4, "es-then-grpo", first="es"),
+        continual_name("es", 3, 2): RunName("continual", "es", 3, "cl_es-k2", stage=2),
+    }
+    for name, parsed in cases.items():
+        assert re.fullmatch(RUN_PATTERN, name), name
+        assert parse_run_name(name) == parsed, name
+    assert list(cases) == ["es-n8-norm_rank-anti-s3", "es-n16-s0", "es-n16-it10-s2", "grpo-g8-s1",
+                           "es-then-grpo-s4", "cl_es-s3-k2"]
+    # pair analyses of the ES and GRPO main runs of one seed are named by the seed alone
+    assert pair_seed("s12") == 12 and pair_seed("es-n16-s0") is None
+    with pytest.raises(ValueError, match="'base' is not a run name"):
+        parse_run_name("base")
 
 
 def test_bad_run_name_is_named(config):

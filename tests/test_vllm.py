@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from esgrpo.es import ESConfig, es_update_direction, member_seeds, tensor_noise
+from esgrpo.es import snapshot_dir, train_es
+from esgrpo.es_config import ESConfig
+from esgrpo.es_ops import member_seeds, tensor_noise
 from esgrpo.vllm_engine import (
     VLLMEngine,
     lumped_topk_entropy,
@@ -26,15 +28,12 @@ from esgrpo.vllm_engine import (
 )
 from esgrpo.vllm_es import (
     ESWorkerExtension,
+    VLLMESBackend,
     VLLMESPool,
     copy_model_metadata,
-    fuse_state_dict,
-    fused_noise,
-    parts_of,
     population_fitness,
-    train_es_vllm,
-    unfuse_state_dict,
 )
+from esgrpo.vllm_layout import fuse_state_dict, fused_noise, parts_of, unfuse_state_dict, vocab_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,11 +78,23 @@ def fused_of(model) -> dict[str, torch.Tensor]:
     return fuse_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()}, model.config)
 
 
+def reference_direction(shapes: dict, seeds_signs, weights) -> dict[str, torch.Tensor]:
+    """sum_n w_n sign_n eps_n per HF tensor, member by member in float64 (no shared draws, no fp32 sums)."""
+    return {name: sum(float(w) * sign * tensor_noise(seed, name, shape).double()
+                      for (seed, sign), w in zip(seeds_signs, weights, strict=True))
+            for name, shape in shapes.items()}
+
+
+def run_es_vllm(pool, model_ref, prompt_ids, rows, cfg, reward_fn, out_dir, progress_dir, log=print):
+    """`train_es` over the vLLM backend holding `pool`."""
+    return train_es(VLLMESBackend(pool, model_ref, prompt_ids, reward_fn), rows, cfg, out_dir, progress_dir, log=log)
+
+
 # --------------------------------------------------------------------------- imports
 
 
 def test_modules_import_without_vllm():
-    code = ("import sys, esgrpo.vllm_engine, esgrpo.vllm_es, esgrpo.gpu_slots; "
+    code = ("import sys, esgrpo.vllm_engine, esgrpo.vllm_es, esgrpo.vllm_layout, esgrpo.es, esgrpo.gpu_slots; "
             "print('vllm' in sys.modules, 'ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
@@ -150,7 +161,7 @@ def test_perturb_restore_and_update_match_the_hf_layout_trainer():
     model = tiny_llama(bias=True)
     hf = {k: v.detach().clone() for k, v in model.named_parameters()}
     worker = FakeWorker(fused_of(model), model.config)
-    info = worker.es_init()
+    info = worker.es_init(master="weights")
     assert info["parameters"] == sum(v.numel() for v in hf.values())
     assert "model.layers.0.self_attn.qkv_proj.weight" in info["fused"]
     params = dict(worker.model_runner.model.named_parameters())
@@ -167,11 +178,11 @@ def test_perturb_restore_and_update_match_the_hf_layout_trainer():
     seeds_signs = member_seeds(5, 0, 6, antithetic=True)
     weights = np.array([1.0, -0.5, 0.25, 2.0, -1.0, 0.0])
     norm = worker.es_apply_update(seeds_signs, weights, alpha=0.02)
-    direction = es_update_direction({n: v.shape for n, v in hf.items()}, seeds_signs, weights)
+    direction = reference_direction({n: v.shape for n, v in hf.items()}, seeds_signs, weights)
     step = {n: d * (0.02 / 6) for n, d in direction.items()}
     after = unfuse_state_dict({n: p.detach() for n, p in params.items()}, model.config)
     for n in hf:
-        assert torch.allclose(after[n], hf[n] + step[n], atol=1e-7, rtol=0), n
+        assert torch.allclose(after[n].double(), hf[n].double() + step[n], atol=1e-7, rtol=0), n
     assert norm == pytest.approx(math.sqrt(sum(float(s.double().pow(2).sum()) for s in step.values())), rel=1e-6)
     assert worker.es_distance_from_init() == pytest.approx(norm, rel=1e-5)
 
@@ -180,7 +191,7 @@ def test_bf16_weights_keep_small_updates_in_the_fp32_master():
     model = tiny_llama()
     fused = {n: v.to(torch.bfloat16) for n, v in fused_of(model).items()}
     worker = FakeWorker(fused, model.config)
-    worker.es_init()
+    worker.es_init(master="weights")
     for t in range(5):  # steps far below bf16 resolution
         worker.es_apply_update(member_seeds(0, t, 4, False), [1.0, -1.0, 0.5, -0.5], alpha=1e-6)
     assert worker.es_distance_from_init() > 0  # the master moved ...
@@ -194,9 +205,9 @@ def test_bf16_weights_keep_small_updates_in_the_fp32_master():
 def test_export_hf_loads_in_transformers(tmp_path):
     model = tiny_llama(bias=True)
     worker = FakeWorker(fused_of(model), model.config)
-    worker.es_init(trainable=["*layers.1.*"])
+    worker.es_init(trainable=["*layers.1.*"], master="weights")
     worker.es_apply_update(member_seeds(1, 0, 4, False), [1.0, 0.0, -1.0, 0.5], alpha=0.01)
-    names = worker.es_export_hf(str(tmp_path / "model.safetensors"))
+    names = worker.es_export_hf(str(tmp_path))
     assert set(names) == set(model.state_dict())
     from safetensors.torch import load_file
 
@@ -213,11 +224,11 @@ def test_export_hf_loads_in_transformers(tmp_path):
 def test_save_and_load_theta_round_trip(tmp_path):
     model = tiny_llama()
     a, b = FakeWorker(fused_of(model), model.config), FakeWorker(fused_of(model), model.config)
-    a.es_init()
-    b.es_init()
+    a.es_init(master="weights")
+    b.es_init(master="weights")
     a.es_apply_update(member_seeds(2, 0, 4, False), [1.0, -1.0, 0.3, 0.0], alpha=0.01)
-    a.es_save_theta(str(tmp_path / "theta.safetensors"))
-    b.es_load_theta(str(tmp_path / "theta.safetensors"))
+    a.es_save_theta(str(tmp_path))
+    b.es_load_theta(str(tmp_path))
     assert a.es_checksum() == b.es_checksum()
     for (n, p), (_, q) in zip(a.model_runner.model.named_parameters(), b.model_runner.model.named_parameters(),
                               strict=True):
@@ -226,8 +237,6 @@ def test_save_and_load_theta_round_trip(tmp_path):
 
 def test_padded_vocabulary_gets_hf_noise_and_is_trimmed_on_export():
     """vLLM pads embedding rows to a multiple of 64: the padding gets no noise and leaves on export."""
-    from esgrpo.vllm_es import vocab_rows
-
     model = tiny_llama()  # vocab 48 -> vLLM holds 64 rows
     fused = fused_of(model)
     name = "model.embed_tokens.weight"
@@ -237,7 +246,7 @@ def test_padded_vocabulary_gets_hf_noise_and_is_trimmed_on_export():
     noise = fused_noise(9, name, fused[name].shape, model.config)
     assert torch.equal(noise[:48], tensor_noise(9, name, (48, 32))) and not noise[48:].any()
     worker = FakeWorker(fused, model.config)
-    assert worker.es_init()["parameters"] == sum(p.numel() for p in model.parameters())
+    assert worker.es_init(master="weights")["parameters"] == sum(p.numel() for p in model.parameters())
     worker.es_apply_update(member_seeds(0, 0, 2, False), [1.0, -1.0], alpha=0.1)
     assert not dict(worker.model_runner.model.named_parameters())[name][48:].any()
     assert unfuse_state_dict({name: fused[name]}, model.config)[name].shape == (48, 32)
@@ -291,9 +300,11 @@ class LocalEngine:
     prompt-dependent threshold: fitness then depends on the noise, as with a real model.
     """
 
-    def __init__(self, model):
-        self.worker = FakeWorker(fused_of(model), model.config)
-        self.worker.es_init()
+    def __init__(self, model=None, worker=None):
+        if worker is None:
+            worker = FakeWorker(fused_of(model), model.config)
+            worker.es_init(master="weights")
+        self.worker = worker
         self.calls = 0
 
     def rpc(self, method, *args):
@@ -309,6 +320,22 @@ class LocalEngine:
         finally:
             self.worker.es_restore()
         return [("\\boxed{yes}" if shift > (ids[0] - 2) * 2e-5 else "\\boxed{no}", 3) for ids in prompt_ids]
+
+
+def loaded_worker(folder: Path, dtype: torch.dtype, **es_init) -> FakeWorker:
+    """What a vLLM engine holds after loading checkpoint `folder` in `dtype` (the fused weights, cast),
+    with the ES extension initialised (`es_init`'s default: the master from the checkpoint)."""
+    from transformers import AutoConfig
+
+    from esgrpo.tensor_files import TensorFiles
+
+    config = AutoConfig.from_pretrained(folder)
+    files = TensorFiles(folder)
+    fused = fuse_state_dict({name: files.get(name) for name in files}, config)
+    worker = FakeWorker({n: v.to(dtype) for n, v in fused.items()}, config)
+    worker.model_runner.model_config.model = str(folder)
+    worker.es_init(**es_init)
+    return worker
 
 
 def _rows(k=6):
@@ -345,7 +372,7 @@ def test_train_es_vllm_writes_a_loadable_run_and_resumes_identically(tmp_path):
     cfg = ESConfig(population_size=4, sigma=0.05, alpha=0.01, iterations=4, prompts_per_iteration=4,
                    checkpoint_every=2, seed=3, reward_scheme="binary")
     full = VLLMESPool([LocalEngine(model), LocalEngine(model)])
-    summary = train_es_vllm(full, str(base), prompt_ids, rows, cfg, _reward, tmp_path / "full",
+    summary = run_es_vllm(full, str(base), prompt_ids, rows, cfg, _reward, tmp_path / "full",
                             tmp_path / "full_progress", log=lambda s: None)
     metrics = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [1, 2, 3, 4]
@@ -361,10 +388,10 @@ def test_train_es_vllm_writes_a_loadable_run_and_resumes_identically(tmp_path):
     # a run stopped after 2 iterations and resumed to 4 ends on the same weights
     part = VLLMESPool([LocalEngine(model)])
     short = ESConfig(**{**cfg.to_dict(), "iterations": 2})
-    train_es_vllm(part, str(base), prompt_ids, rows, short, _reward, tmp_path / "part", tmp_path / "part_progress",
+    run_es_vllm(part, str(base), prompt_ids, rows, short, _reward, tmp_path / "part", tmp_path / "part_progress",
                   log=lambda s: None)
     resumed = VLLMESPool([LocalEngine(model)])
-    summary2 = train_es_vllm(resumed, str(base), prompt_ids, rows, cfg, _reward, tmp_path / "part",
+    summary2 = run_es_vllm(resumed, str(base), prompt_ids, rows, cfg, _reward, tmp_path / "part",
                              tmp_path / "part_progress", log=lambda s: None)
     assert summary2["resumed_from"] == 2
     assert resumed.rpc_one("es_checksum") == full.rpc_one("es_checksum")
@@ -375,8 +402,6 @@ def test_train_es_vllm_snapshots_equal_shorter_runs_and_force_a_fresh_start_when
     checkpoint lies past a snapshot it never exported starts afresh instead of resuming without it."""
     from safetensors.torch import load_file
 
-    from esgrpo.es import snapshot_dir
-
     model = tiny_llama()
     base = tmp_path / "base"
     model.save_pretrained(base)
@@ -385,19 +410,19 @@ def test_train_es_vllm_snapshots_equal_shorter_runs_and_force_a_fresh_start_when
     common = dict(population_size=4, sigma=0.05, alpha=0.01, prompts_per_iteration=4, checkpoint_every=1, seed=3,
                   reward_scheme="binary")
     quiet = {"log": lambda s: None}
-    train_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows,
+    run_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows,
                   ESConfig(iterations=4, snapshots=[2], **common), _reward, tmp_path / "long", tmp_path / "long_p",
                   **quiet)
-    train_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows, ESConfig(iterations=2, **common),
+    run_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows, ESConfig(iterations=2, **common),
                   _reward, tmp_path / "two", tmp_path / "two_p", **quiet)
     snap = load_file(str(snapshot_dir(tmp_path / "long", 2) / "model" / "model.safetensors"))
     two = load_file(str(tmp_path / "two" / "model" / "model.safetensors"))
     assert snap.keys() == two.keys() and all(torch.equal(snap[k], two[k]) for k in two)
     # snapshots: [2] added after the run checkpointed at 3: resuming would skip it, so it starts afresh
-    train_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows, ESConfig(iterations=3, **common),
+    run_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows, ESConfig(iterations=3, **common),
                   _reward, tmp_path / "late", tmp_path / "late_p", **quiet)
     messages = []
-    summary = train_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows,
+    summary = run_es_vllm(VLLMESPool([LocalEngine(model)]), str(base), prompt_ids, rows,
                             ESConfig(iterations=4, snapshots=[2], **common), _reward, tmp_path / "late",
                             tmp_path / "late_p", log=messages.append)
     assert summary["resumed_from"] is None and any("starting afresh" in m for m in messages)
@@ -405,9 +430,190 @@ def test_train_es_vllm_snapshots_equal_shorter_runs_and_force_a_fresh_start_when
     assert all(torch.equal(late[k], two[k]) for k in two)
 
 
+# --------------------------------------------------------------------------- ES memory: the master, host copies, streaming
+
+
+def _fp32_checkpoint(tmp_path: Path, seed: int = 0) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A tiny Llama saved in fp32 whose weights carry bits bf16 cannot hold (as an earlier ES stage's export)."""
+    model = tiny_llama(seed=seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 1e-4)  # below bf16's resolution at these magnitudes
+    folder = tmp_path / f"ckpt{seed}"
+    model.save_pretrained(folder)
+    return folder, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_master_is_the_saved_fp32_checkpoint_when_the_engine_runs_bf16(tmp_path):
+    """vLLM loads an fp32 checkpoint into bf16 weights; theta is read from the checkpoint, so it equals the
+    saved fp32 tensors bit for bit (the live bf16 weights would have lost the low bits), padding rows aside."""
+    folder, saved = _fp32_checkpoint(tmp_path)
+    worker = loaded_worker(folder, torch.bfloat16)
+    theta = unfuse_state_dict(worker._es_theta, worker._es_hf_config())
+    assert set(theta) == set(saved)
+    assert all(torch.equal(theta[n], saved[n]) for n in saved)
+    from_bf16 = unfuse_state_dict(loaded_worker(folder, torch.bfloat16, master="weights")._es_theta,
+                                  worker._es_hf_config())
+    assert not all(torch.equal(from_bf16[n], saved[n]) for n in saved)  # what the old master lost
+    for n, p in worker.model_runner.model.named_parameters():  # the live weights: theta cast, as vLLM loaded them
+        assert p.dtype == torch.bfloat16 and torch.equal(p, worker._es_theta[n].to(torch.bfloat16)), n
+
+    # vLLM pads the vocabulary rows: the checkpoint's rows come from the file, the padding stays as loaded.
+    padded = FakeWorker({**fused_of(tiny_llama()), "model.embed_tokens.weight": torch.zeros(64, 32)},
+                        tiny_llama().config)
+    padded.model_runner.model_config.model = str(folder)
+    padded.es_init()
+    embed = padded._es_theta["model.embed_tokens.weight"]
+    assert torch.equal(embed[:48], saved["model.embed_tokens.weight"]) and not embed[48:].any()
+    wrong = FakeWorker(fused_of(tiny_llama(head_dim=16)), tiny_llama(head_dim=16).config)
+    wrong.model_runner.model_config.model = str(folder)
+    with pytest.raises(ValueError, match="shape"):
+        wrong.es_init()
+
+
+def test_a_sequential_stage_starts_from_the_previous_stage_export_bit_for_bit(tmp_path):
+    """ES -> ES: stage 2's engines load stage 1's fp32 export into bf16 weights; its master is the export
+    itself, so stage 2's export differs from stage 1's by exactly the updates stage 2 logged."""
+    from safetensors.torch import load_file
+
+    base = tmp_path / "base"
+    tiny_llama().save_pretrained(base)
+    rows = _rows()
+    prompt_ids = {r["id"]: [i % 4] for i, r in enumerate(rows)}
+    cfg = ESConfig(population_size=4, sigma=0.05, alpha=0.01, iterations=3, prompts_per_iteration=4, seed=3)
+    quiet = {"log": lambda s: None}
+    run_es_vllm(VLLMESPool([LocalEngine(worker=loaded_worker(base, torch.float32))]), str(base), prompt_ids, rows,
+                cfg, _reward, tmp_path / "stage1", tmp_path / "p1", **quiet)
+    stage1 = load_file(str(tmp_path / "stage1" / "model" / "model.safetensors"))
+
+    engines = [LocalEngine(worker=loaded_worker(tmp_path / "stage1" / "model", torch.bfloat16, keep_theta0=i == 0))
+               for i in range(2)]
+    for engine in engines:
+        theta = unfuse_state_dict(engine.worker._es_theta, engine.worker._es_hf_config())
+        assert all(torch.equal(theta[n], stage1[n]) for n in stage1)
+    summary = run_es_vllm(VLLMESPool(engines), str(tmp_path / "stage1" / "model"), prompt_ids, rows,
+                          ESConfig(**{**cfg.to_dict(), "alpha": 1e-4, "seed": 4}), _reward, tmp_path / "stage2",
+                          tmp_path / "p2", **quiet)
+    assert summary["updates"] >= 1
+    stage2 = load_file(str(tmp_path / "stage2" / "model" / "model.safetensors"))
+    moved = math.sqrt(sum(float((stage2[n].double() - stage1[n].double()).pow(2).sum()) for n in stage1))
+    assert moved == pytest.approx(summary["distance_from_init"], rel=1e-6)
+
+
+class FakeRay(types.ModuleType):
+    """`ray` as VLLMESPool.launch uses it: init, the GPUs it sees, and actors built here as stand-ins."""
+
+    def __init__(self, gpus: int, build):
+        super().__init__("ray")
+        self.inits, self.actors, self.gpus, self.build = [], [], gpus, build
+
+    def is_initialized(self):
+        return bool(self.inits)
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+
+    def available_resources(self):
+        return {"GPU": float(self.gpus)}
+
+    def remote(self, num_gpus):
+        fake = self
+
+        class Actor:
+            def __init__(self, cls):
+                self.cls = cls
+
+            def remote(self, *args):
+                fake.actors.append(args)
+                return fake.build(*args)
+
+        assert num_gpus == 1
+        return Actor
+
+
+def test_pool_launch_starts_its_own_ray_and_keeps_one_host_copy_of_theta0(tmp_path, monkeypatch):
+    """launch: ray.init(address="local") whatever RAY_ADDRESS the job inherits; one engine per GPU, only
+    engine 0 keeping theta0 on the host (counted: one copy of each tensor in the whole pool); a run on the
+    pool measures its distance on engine 0."""
+    folder, saved = _fp32_checkpoint(tmp_path)
+
+    def build(model_ref, dtype, seed, trainable, llm_kwargs, llm, keep_theta0):
+        assert llm is None and llm_kwargs == {"max_model_len": 96}
+        return LocalEngine(worker=loaded_worker(Path(model_ref), getattr(torch, dtype), trainable=trainable,
+                                                keep_theta0=keep_theta0))
+
+    ray = FakeRay(3, build)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")  # somebody else's cluster
+    pool = VLLMESPool.launch(str(folder), dtype="bfloat16", seed=1, max_model_len=96)
+    assert ray.inits == [{"address": "local", "ignore_reinit_error": True, "include_dashboard": False}]
+    assert [args[-1] for args in ray.actors] == [True, False, False] and len(pool.engines) == 3
+    copies = [e.worker._es_theta0 for e in pool.engines if e.worker._es_theta0 is not None]
+    assert len(copies) == 1 and set(copies[0]) == set(pool.engines[0].worker._es_names)
+    assert all(t.device.type == "cpu" for t in copies[0].values())
+    with pytest.raises(RuntimeError, match="engine 0"):
+        pool.engines[1].rpc("es_distance_from_init")
+    rows = _rows()
+    summary = run_es_vllm(pool, str(folder), {r["id"]: [i % 4] for i, r in enumerate(rows)}, rows,
+                          ESConfig(population_size=3, sigma=0.05, alpha=0.01, iterations=2, prompts_per_iteration=4),
+                          _reward, tmp_path / "run", tmp_path / "p", log=lambda s: None)
+    assert summary["engines"] == 3 and summary["distance_from_init"] == pool.rpc_one("es_distance_from_init")
+
+
+def test_export_and_theta_checkpoints_stream_in_shards(tmp_path, monkeypatch):
+    """Exports and checkpoints go out shard by shard (no save holds the whole model) and come back exactly."""
+    import safetensors.torch
+    from transformers import AutoModelForCausalLM
+
+    folder, _ = _fp32_checkpoint(tmp_path)
+    worker = loaded_worker(folder, torch.float32)
+    worker.es_apply_update(member_seeds(1, 0, 4, False), [1.0, -1.0, 0.5, 0.0], alpha=0.01)
+    total = sum(t.numel() * 4 for t in worker._es_theta.values())
+    sizes, real_save = [], safetensors.torch.save_file
+
+    def recording_save(tensors, path, metadata=None):
+        sizes.append(sum(t.numel() * t.element_size() for t in tensors.values()))
+        return real_save(tensors, path, metadata=metadata)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", recording_save)
+    limit = max(t.numel() * 4 for t in worker._es_theta.values())
+    copy_model_metadata(str(folder), tmp_path / "export")
+    worker.es_export_hf(str(tmp_path / "export"), "float32", limit)
+    assert len(sizes) > 2 and max(sizes) <= limit < total
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "export").state_dict()
+    expected = unfuse_state_dict(worker._es_theta, worker._es_hf_config())
+    assert set(exported) == set(expected) and all(torch.equal(exported[n], expected[n]) for n in expected)
+
+    sizes.clear()
+    worker.es_save_theta(str(tmp_path / "ckpt"), limit)
+    assert len(sizes) > 2 and max(sizes) <= limit
+    other = loaded_worker(folder, torch.float32)
+    other.es_load_theta(str(tmp_path / "ckpt"))
+    assert other.es_checksum() == worker.es_checksum()
+
+
+# --------------------------------------------------------------------------- context lengths
+
+
+def test_context_length_is_prompt_plus_completion_and_checks_a_given_length():
+    from esgrpo.vllm_engine import context_length, engine_kwargs
+
+    assert context_length([3, 10, 7], 8) == 18
+    assert context_length([3, 10, 7], 8, max_prompt_tokens=12) == 20  # the config's prompt limit
+    assert context_length([3, 10, 7], 8, max_model_len=40) == 40  # the plan's length, wide enough
+    with pytest.raises(ValueError, match="longest prompt \\(10 tokens\\)"):
+        context_length([3, 10, 7], 8, max_model_len=17)
+    with pytest.raises(ValueError, match="max_prompt_tokens=9"):
+        context_length([3, 10, 7], 8, max_prompt_tokens=9)
+    engine = {"gpu_memory_utilization": 0.5, "max_prompt_tokens": 16}
+    assert engine_kwargs(engine, [[1] * 5, [2] * 9], 8) == {"gpu_memory_utilization": 0.5, "max_model_len": 24}
+    assert engine == {"gpu_memory_utilization": 0.5, "max_prompt_tokens": 16}  # the config block is not changed
+
+
 def test_train_run_dispatches_es_to_the_vllm_pool(tmp_path, monkeypatch):
     """es.backend = vllm: the workflow's train stage launches the pool on the start checkpoint with the
-    run's trainable patterns, tokenizes the prompts with its chat template and writes an HF run."""
+    run's trainable patterns and a context of the longest prompt + max_new_tokens, tokenizes the prompts
+    with its chat template and writes an HF run."""
     from esgrpo.io import read_json, read_jsonl, write_json, write_jsonl
     from esgrpo.models import train_tokenizer
     from esgrpo.pipeline.training import train_run
@@ -429,15 +635,18 @@ def test_train_run_dispatches_es_to_the_vllm_pool(tmp_path, monkeypatch):
 
     monkeypatch.setattr(VLLMESPool, "launch", staticmethod(launch))
     settings = {"population_size": 4, "sigma": 0.05, "alpha": 0.01, "iterations": 2, "prompts_per_iteration": 3,
-                "reward_scheme": "binary", "seed": 1}
+                "reward_scheme": "binary", "seed": 1, "max_new_tokens": 8}
     out = tmp_path / "run"
     train_run({"train": str(tmp_path / "train.jsonl"), "info": str(tmp_path / "info.json")},
               {"summary": str(out / "summary.json")},
               {"method": "es", "settings": settings, "init_model": str(base), "progress_dir": str(tmp_path / "p"),
-               "es_backend": "vllm", "es_engine": {"num_engines": 2, "dtype": "float32", "max_model_len": 64}},
+               "es_backend": "vllm", "es_engine": {"num_engines": 2, "dtype": "float32", "enforce_eager": True}},
               {"task": "sum_yesno", "run": "es-n4-s1", "model": "tiny"}, 1)
+    from transformers import AutoTokenizer
+
+    longest = max(len(ids) for ids in prompt_token_ids(AutoTokenizer.from_pretrained(base), rows))
     assert launched == {"model_ref": str(base), "num_engines": 2, "dtype": "float32", "trainable": ["*"],
-                        "llm_kwargs": {"max_model_len": 64}}
+                        "llm_kwargs": {"enforce_eager": True, "max_model_len": longest + 8}}
     assert [m["iteration"] for m in read_jsonl(out / "metrics.jsonl")] == [1, 2]
     summary = read_json(out / "summary.json")
     assert summary["method"] == "es" and summary["init_model"] == str(base)
@@ -630,8 +839,9 @@ def real_engine(tmp_path_factory):
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    # A tenth of the GPU, or on vLLM's CPU build of the host's memory (its default 0.92 fails on a shared host).
     llm = LLM(model=str(folder), dtype="float32", seed=0, enforce_eager=True, max_model_len=256,
-              enable_prefix_caching=False, worker_extension_cls=WORKER_EXTENSION)
+              gpu_memory_utilization=0.1, enable_prefix_caching=False, worker_extension_cls=WORKER_EXTENSION)
     return types.SimpleNamespace(llm=llm, folder=folder, model=model, tokenizer=tokenizer)
 
 
@@ -688,20 +898,21 @@ def test_real_worker_extension_perturbs_restores_updates_and_exports(real_engine
     llm.collective_rpc("es_restore")
     assert outputs() == before
 
-    llm.collective_rpc("es_save_theta", args=(str(tmp_path / "theta0.safetensors"),))
+    llm.collective_rpc("es_save_theta", args=(str(tmp_path / "theta0"),))
     seeds_signs = member_seeds(4, 0, 4, antithetic=False)
     weights = [1.0, -0.5, 0.25, -0.75]
     norm = llm.collective_rpc("es_apply_update", args=([list(p) for p in seeds_signs], weights, 0.01))[0]
-    llm.collective_rpc("es_export_hf", args=(str(tmp_path / "model.safetensors"), "float32"))
-    exported = load_file(str(tmp_path / "model.safetensors"))
+    llm.collective_rpc("es_export_hf", args=(str(tmp_path / "export"), "float32"))
+    exported = load_file(str(tmp_path / "export" / "model.safetensors"))
     assert set(exported) == set(hf)  # unfused, vocabulary trimmed to 300 rows, tied head dropped
-    direction = es_update_direction({n: v.shape for n, v in hf.items()}, seeds_signs, np.array(weights))
+    direction = reference_direction({n: v.shape for n, v in hf.items()}, seeds_signs, weights)
     for name, value in hf.items():
-        assert torch.allclose(exported[name], value + direction[name] * (0.01 / 4), atol=1e-6, rtol=0), name
+        assert torch.allclose(exported[name].double(), value.double() + direction[name] * (0.01 / 4), atol=1e-6,
+                              rtol=0), name
     step = math.sqrt(sum(float(d.double().pow(2).sum()) for d in direction.values())) * 0.01 / 4
     assert norm == pytest.approx(step, rel=1e-5)
     assert llm.collective_rpc("es_distance_from_init")[0] == pytest.approx(step, rel=1e-5)
-    llm.collective_rpc("es_load_theta", args=(str(tmp_path / "theta0.safetensors"),))
+    llm.collective_rpc("es_load_theta", args=(str(tmp_path / "theta0"),))
     assert outputs() == before
 
 
@@ -722,7 +933,7 @@ def test_real_train_es_vllm_writes_a_loadable_run(real_engine, tmp_path):
 
     cfg = ESConfig(population_size=4, sigma=0.05, alpha=0.02, iterations=2, prompts_per_iteration=3,
                    max_new_tokens=12, checkpoint_every=1, seed=5)
-    summary = train_es_vllm(pool, str(real_engine.folder), ids, rows, cfg, reward, tmp_path / "run",
+    summary = run_es_vllm(pool, str(real_engine.folder), ids, rows, cfg, reward, tmp_path / "run",
                             tmp_path / "progress", log=lambda s: None)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [1, 2] and summary["updates"] >= 1

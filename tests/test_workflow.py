@@ -32,6 +32,54 @@ def test_snakemake_lint_passes():
     assert "Congratulations" in result.stdout + result.stderr
 
 
+def test_the_dag_parse_imports_no_torch(tmp_path):
+    """`snakemake -n` runs every rule file and input function in one process; torch (seconds to import)
+    belongs to the jobs. -X importtime lists every module the parse imported."""
+    import os
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "snakemake", "-n", "-q",
+                             "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), f"--configfile={REPO / 'config.yaml'}"],
+                            capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if line.startswith("import time:")}
+    assert "snakemake.workflow" in imported and "esgrpo.config" in imported
+    assert not imported & {"torch", "transformers", "datasets", "vllm", "trl"}, sorted(imported & {"torch"})
+
+
+def test_no_import_circle_in_the_package():
+    """No esgrpo module imports (at module level or inside a function) one that imports it back."""
+    import ast
+
+    src = REPO / "src"
+    modules = {".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in (src / "esgrpo").rglob("*.py")}
+
+    def imports(name: str) -> set[str]:
+        found = set()
+        for node in ast.walk(ast.parse(modules[name].read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                          for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        return {m for m in found if m in modules and m != name}
+
+    graph = {name: imports(name) for name in modules}
+    done: set[str] = set()
+
+    def visit(name: str, path: list[str]) -> None:
+        for dep in graph[name]:
+            assert dep not in path, " -> ".join([*path[path.index(dep):], dep])
+            if dep not in done:
+                visit(dep, [*path, dep])
+        done.add(name)
+
+    for name in sorted(graph):
+        visit(name, [name])
+
+
 def test_workflow_scripts_run_their_stage_only_as_main():
     """vLLM starts its engine processes with spawn, which re-imports the job's main file (Snakemake points
     __file__ at the workflow script): a stage called at import time would run again there, without the
@@ -161,8 +209,8 @@ def test_second_stages_start_from_the_first_stage_weights(ci_workflow):
 
 def test_every_analysis_table_and_figure_is_made(ci_workflow):
     """`rule all` on the CI grid: analyses with real rows, every paper table in three formats, the claims."""
-    from esgrpo.claims_catalog import CLAIMS
-    from esgrpo.pipeline import paper
+    from esgrpo.report import planning
+    from esgrpo.report.claims import CLAIMS
 
     analysis = ci_workflow / "analysis" / "tiny"
     interp = pd.read_csv(analysis / "interpolation" / "countdown3" / "s0.csv")
@@ -173,10 +221,10 @@ def test_every_analysis_table_and_figure_is_made(ci_workflow):
     drift = pd.read_csv(analysis / "drift" / "sum_yesno" / "cl_es-s0-k2.csv")
     # stage 2 started from stage 1, not the base: its distance from its start differs from the base's
     assert abs(drift["init_l2"].pow(2).sum() - drift["l2"].pow(2).sum()) > 1e-6 * drift["l2"].pow(2).sum()
-    for name in [*paper.PAPER_A_TABLES, *paper.PAPER_B_TABLES]:
+    for name in [*planning.PAPER_A_TABLES, *planning.PAPER_B_TABLES]:
         for ext in ("csv", "md", "tex"):
             assert (ci_workflow / "tables" / f"{name}.{ext}").stat().st_size > 0, (name, ext)
-    for name in [*paper.PAPER_A_FIGURES, *paper.PAPER_B_FIGURES]:
+    for name in [*planning.PAPER_A_FIGURES, *planning.PAPER_B_FIGURES]:
         assert (ci_workflow / "figures" / f"{name}.png").stat().st_size > 1000, name
     claims = pd.read_csv(ci_workflow / "tables" / "claims.csv")
     assert list(claims["id"]) == [c.id for c in CLAIMS]

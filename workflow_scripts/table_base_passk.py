@@ -1,5 +1,5 @@
-# Thin entry point: all logic lives in esgrpo.pipeline.tables.base_passk.
-from esgrpo.pipeline.tables import base_passk
+# Thin entry point: all logic lives in esgrpo.report.base_table.base_passk.
+from esgrpo.report.base_table import base_passk
 from esgrpo.workflow import run_stage
 
 if __name__ == "__main__":  # vLLM's worker processes re-import this file (spawn): only run here

@@ -9,46 +9,60 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from esgrpo.es_config import ESConfig
+from esgrpo.grpo_settings import GRPOSettings
+from esgrpo.tasks.registry import TASKS, get_task
+
+# Folders of results/ that a model or task name would collide with.
+RESERVED_NAMES = {"base", "data", "tables", "figures", "logs", "benchmarks", "analysis", "report"}
+
 
 class ConfigError(ValueError):
     pass
 
 
 def check_config(config: dict) -> None:
-    tasks = set(config["tasks"])
-    from esgrpo.tasks.base import TASKS, get_task
-
-    for name in tasks:
-        try:
-            get_task(name)
-        except KeyError:
-            raise ConfigError(f"tasks.{name}: unknown task; known tasks: {sorted(TASKS)}") from None
+    """Stop at the first cross-reference that does not hold, naming the key and what is allowed."""
+    unknown = sorted(set(config["tasks"]) - set(TASKS))
+    if unknown:
+        raise ConfigError(f"tasks.{unknown[0]}: unknown task; known tasks: {sorted(TASKS)}")
     for model, spec in config["models"].items():
-        for key in ("tasks", "eval_tasks"):
-            unknown = [t for t in spec.get(key, []) if t not in tasks]
-            if unknown:
-                raise ConfigError(f"models.{model}.{key}: {unknown} are not in the tasks block; "
-                                  f"allowed: {sorted(tasks)}")
-        for key, split, names in (("tasks", "train", spec["tasks"]), ("eval_tasks", "test", model_eval_tasks(config, model))):
-            lacking = [t for t in names if split not in get_task(t).splits]
-            if lacking:
-                raise ConfigError(f"models.{model}.{key}: {lacking} have no {split} split"
-                                  + ("; list them under tasks and evaluate on another task with eval_tasks"
-                                     if split == "test" else ""))
-        unjudged = [t for t in spec["tasks"] if not judged_on(config, model, t)]
-        if unjudged:
-            raise ConfigError(f"models.{model}.eval_tasks: nothing measures training on {unjudged}; "
-                              f"evaluate on them or on a task the model does not train on")
-        if spec["source"] == "default" and "default_model" not in config:
-            raise ConfigError(f"models.{model}.source is 'default' but there is no default_model block")
-    reserved = {"base", "data", "tables", "figures", "logs", "benchmarks", "analysis", "report"}
+        _check_model(config, model, spec)
     for block in ("models", "tasks"):
-        clash = reserved & set(config[block])
+        clash = RESERVED_NAMES & set(config[block])
         if clash:
             raise ConfigError(f"{block}: names {sorted(clash)} are reserved for output folders")
-    if "es" in config:
-        from esgrpo.es import ESConfig
+    _check_trainers(config)
+    _check_sequential(config)
+    _check_eval(config)
 
+
+def _check_model(config: dict, model: str, spec: dict) -> None:
+    """A model's tasks are configured, have the splits it uses, and some evaluation judges each."""
+    tasks = set(config["tasks"])
+    for key in ("tasks", "eval_tasks"):
+        unknown = [t for t in spec.get(key, []) if t not in tasks]
+        if unknown:
+            raise ConfigError(f"models.{model}.{key}: {unknown} are not in the tasks block; "
+                              f"allowed: {sorted(tasks)}")
+    for key, split, names in (("tasks", "train", spec["tasks"]), ("eval_tasks", "test", model_eval_tasks(config, model))):
+        lacking = [t for t in names if split not in get_task(t).splits]
+        if lacking:
+            raise ConfigError(f"models.{model}.{key}: {lacking} have no {split} split"
+                              + ("; list them under tasks and evaluate on another task with eval_tasks"
+                                 if split == "test" else ""))
+    unjudged = [t for t in spec["tasks"] if not judged_on(config, model, t)]
+    if unjudged:
+        raise ConfigError(f"models.{model}.eval_tasks: nothing measures training on {unjudged}; "
+                          f"evaluate on them or on a task the model does not train on")
+    if spec["source"] == "default" and "default_model" not in config:
+        raise ConfigError(f"models.{model}.source is 'default' but there is no default_model block")
+
+
+def _check_trainers(config: dict) -> None:
+    """The es and grpo blocks build their trainer's settings (so a typo stops the workflow before any job)."""
+    tasks = set(config["tasks"])
+    if "es" in config:
         if "snapshots" in config["es"]["settings"]:
             raise ConfigError("es.settings.snapshots: list the iterations under es.snapshots (the main ES runs "
                               "export them and each becomes a run of its own)")
@@ -62,17 +76,22 @@ def check_config(config: dict) -> None:
             raise ConfigError(f"es.ablations.task: {ablation_task!r} is not in the tasks block; "
                               f"allowed: {sorted(tasks)}")
     if "grpo" in config:
-        from esgrpo.grpo import GRPOSettings
-
         _check_settings("grpo.settings", GRPOSettings, config["grpo"]["settings"],
                         num_generations=config["grpo"]["group_sizes"][0])
+
+
+def _check_sequential(config: dict) -> None:
+    tasks = set(config["tasks"])
     seq = config.get("sequential") or {}
-    for key in ("task",):
-        if key in seq and seq[key] not in tasks:
-            raise ConfigError(f"sequential.{key}: {seq[key]!r} is not in the tasks block; allowed: {sorted(tasks)}")
+    if "task" in seq and seq["task"] not in tasks:
+        raise ConfigError(f"sequential.task: {seq['task']!r} is not in the tasks block; allowed: {sorted(tasks)}")
     bad_order = [t for t in seq.get("continual", []) if t not in tasks]
     if bad_order:
         raise ConfigError(f"sequential.continual: {bad_order} are not in the tasks block; allowed: {sorted(tasks)}")
+
+
+def _check_eval(config: dict) -> None:
+    """eval.ks within n_samples; engine blocks (vllm.LLM arguments) only with the vllm backend."""
     ev = config.get("eval", {})
     n = ev.get("n_samples", 32)
     bad = [k for k in ev.get("ks", []) if k > n]
@@ -137,8 +156,6 @@ def judged_on(config: dict, model: str, train_task: str) -> list[str]:
 def task_splits(config: dict, task: str) -> list[str]:
     """The splits of `task` some model uses: train if a model trains on it, test if one evaluates on
     it (a task no model uses: every split its source has)."""
-    from esgrpo.tasks.base import get_task
-
     splits = set()
     for model, spec in config["models"].items():
         if task in spec["tasks"]:

@@ -3,49 +3,52 @@
 TRL does the algorithm (group sampling, group-normalised advantages, clipped surrogate,
 optional KL); this module only wires the project into it:
 
-- `GRPOSettings`: the run's settings under TRL's names, validated up front so a typo in a
-  config fails with the field's name instead of deep inside TRL;
+- `GRPOSettings` (`esgrpo.grpo_settings`): the run's settings under TRL's names, validated up
+  front so a typo in a config fails with the field's name instead of deep inside TRL;
 - `make_reward_function`: the project's one reward (`esgrpo.rewards.reward`) on the
   completion text only, in the calling convention TRL expects;
 - `rows_to_dataset`: task rows -> a `datasets.Dataset` (per-task `meta` as JSON text, since
   Arrow needs one schema for every row);
 - `train_grpo`: load, train, write `metrics.jsonl` rows in the ES schema where the two
-  overlap (so one table reads both methods), resume from TRL checkpoints after a kill, save
-  the final model in HF layout and a `summary.json`.
+  overlap (so one table reads both methods), resume from TRL checkpoints after a kill (the
+  progress folder: `esgrpo.checkpoint`), save the final model in HF layout and a `summary.json`.
 
 The prompt order is decided here, not by TRL's sampler: TRL reshuffles each epoch from a
 stateful generator that a resumed run does not fast-forward, so a run resumed after its
 first pass over the rows would see other prompts than an uninterrupted one. Handing TRL one
 pre-ordered "epoch" of exactly `steps` batches makes a resumed run replay the same batches.
+
+Memory on a GPU (`GRPOSettings`, chosen per job by `esgrpo.plan`): bf16 autocast over fp32 weights
+and AdamW state, activation checkpointing, the step's completions in micro-batches (TRL generates
+them together and takes one optimiser step on them whatever the micro-batch), and the colocated vLLM
+engine's share of the GPU and its context (prompt + completion). A run with num_processes > 1 is
+this same function in one process per GPU, started by `esgrpo.grpo_launch` (accelerate: DDP,
+ZeRO-3 or FSDP); rank 0 writes every file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from esgrpo.checkpoint import ProgressFolder, fingerprint
+from esgrpo.distributed import host_copy, load_policy, main_first, norm_to, rank, save_policy, world_size
+from esgrpo.grpo_settings import GRPOSettings
 from esgrpo.io import read_jsonl, write_json, write_jsonl
 from esgrpo.rewards import SCHEMES, VERIFIERS, reward
-from esgrpo.settings import FieldCheck, dataclass_from_dict
 
 __all__ = [
     "ES_SHARED_KEYS",
-    "GRPOSettings",
-    "LOSS_TYPES",
-    "LR_SCHEDULERS",
-    "SCALE_REWARDS",
     "make_reward_function",
     "prompt_order",
     "rows_to_dataset",
@@ -54,99 +57,11 @@ __all__ = [
 
 Row = dict[str, Any]
 
-# --------------------------------------------------------------------------- settings
-
-# Only the losses whose meaning the papers' GRPO shares (token-level clipped surrogate);
-# TRL's others (cispo, sapo, ...) change the algorithm being compared.
-LOSS_TYPES = ("dapo", "grpo", "dr_grpo", "bnpo")
-SCALE_REWARDS = ("group", "batch", "none")
-LR_SCHEDULERS = ("linear", "constant", "constant_with_warmup", "cosine")
-
 # metrics.jsonl keys that mean the same thing in an ES row (`esgrpo.es.train_es`), so a table
 # can put the two methods side by side. fitness_* is a mean reward in both: for ES the mean
 # over a member's prompts, for GRPO over every completion of the step.
 ES_SHARED_KEYS = ("method", "iteration", "fitness_mean", "fitness_std", "entropy", "rollouts",
                   "generated_tokens", "seconds", "distance_from_init", "update_norm", "updates", "prompts")
-
-
-@dataclass
-class GRPOSettings:
-    """Every setting of one GRPO run, named as in TRL's `GRPOConfig` where TRL has the setting.
-
-    A step samples `num_generations` completions for each of `prompts_per_step` prompts and
-    takes one optimiser step on them (on-policy, TRL's `num_iterations` = 1 as in both papers).
-    Defaults are tuned for the tiny CPU model (learning rate 5e-4); paper values (lr 1e-5 or
-    3e-6, 63 prompts x 8, top_p 0.95, 1024 tokens) belong in the paper configs.
-    `gradient_accumulation_steps` splits the step's completions into that many backward passes
-    (memory on a GPU); the completions are still generated together and the step is the same.
-    `save_every` 0 saves no intermediate checkpoint (a killed run then restarts from step 0).
-    """
-
-    num_generations: int = 8
-    prompts_per_step: int = 16
-    learning_rate: float = 5e-4
-    lr_scheduler_type: str = "linear"
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    beta: float = 0.0  # KL coefficient; paper A uses 0 (KL only tracked)
-    epsilon: float = 0.2
-    loss_type: str = "dapo"
-    scale_rewards: str = "group"
-    max_grad_norm: float = 1.0
-    steps: int = 60
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 24  # the evaluation's default budget: train on what is graded
-    reward_scheme: str = "binary"
-    format_bonus: float = 0.0
-    seed: int = 0
-    save_every: int = 10
-    gradient_accumulation_steps: int = 1
-    use_vllm: bool = False  # GPU only; runs vLLM inside the training process (vllm_mode="colocate")
-    bf16: bool = False  # mixed precision (fp32 master weights); GPU only
-
-    def __post_init__(self) -> None:
-        check = FieldCheck(self)
-        # Group-normalised advantages need at least two completions per prompt.
-        check.integer("num_generations", 2)
-        check.integer("prompts_per_step", 1)
-        check.number("learning_rate", 0.0, low_open=True)
-        check.choice("lr_scheduler_type", LR_SCHEDULERS)
-        # transformers reads warmup_steps < 1 as a fraction of the run, so a ratio of 1 would mean "1 step".
-        check.number("warmup_ratio", 0.0, 1.0, high_open=True)
-        check.number("weight_decay", 0.0)
-        check.number("beta", 0.0)
-        check.number("epsilon", 0.0, low_open=True)
-        check.choice("loss_type", LOSS_TYPES)
-        check.choice("scale_rewards", SCALE_REWARDS)
-        check.number("max_grad_norm", 0.0)  # 0 disables clipping, as in transformers
-        check.integer("steps", 1)
-        check.number("temperature", 0.0, low_open=True)  # GRPO samples; greedy groups would all agree
-        check.number("top_p", 0.0, 1.0, low_open=True)
-        check.integer("max_new_tokens", 1)
-        check.choice("reward_scheme", SCHEMES)
-        check.number("format_bonus")
-        check.integer("seed", 0)
-        check.integer("save_every", 0)
-        check.integer("gradient_accumulation_steps", 1)
-        if (self.prompts_per_step * self.num_generations) % self.gradient_accumulation_steps:
-            raise check.error("gradient_accumulation_steps",
-                              f"must divide prompts_per_step * num_generations = "
-                              f"{self.prompts_per_step * self.num_generations}")
-        check.boolean("use_vllm")
-        check.boolean("bf16")
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GRPOSettings:
-        """Build from a plain mapping (a config section); unknown keys are an error, not ignored."""
-        return dataclass_from_dict(cls, d, "GRPO")
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @property
-    def completions_per_step(self) -> int:
-        return self.prompts_per_step * self.num_generations
 
 
 # --------------------------------------------------------------------------- reward and data
@@ -249,20 +164,14 @@ def prompt_order(n_rows: int, steps: int, prompts_per_step: int, seed: int) -> l
 # --------------------------------------------------------------------------- progress folder
 # progress_dir/checkpoint-N/      TRL checkpoints (model, optimiser, scheduler, RNG, trainer_state.json)
 # progress_dir/metrics.jsonl      every logged step so far (rewritten atomically each step)
-# progress_dir/run.json           fingerprint of the run the checkpoints belong to
+# progress_dir/run.json           fingerprint of the run the checkpoints belong to (`esgrpo.checkpoint`)
 
-_CHECKPOINT = "checkpoint-"
-# Settings that do not change the trajectory. `steps` does (the linear schedule depends on it).
-_NOT_FINGERPRINTED = ("save_every",)
+CHECKPOINT_PREFIX = "checkpoint-"
 
 
-def _checkpoints(progress_dir: Path) -> list[tuple[int, Path]]:
-    found = []
-    for path in progress_dir.glob(f"{_CHECKPOINT}*"):
-        suffix = path.name[len(_CHECKPOINT):]
-        if path.is_dir() and suffix.isdigit():
-            found.append((int(suffix), path))
-    return sorted(found)
+# Where a checkpoint keeps its optimiser state: one process or DDP (optimizer.pt), FSDP (optimizer.bin
+# or the sharded optimizer_0/), DeepSpeed (global_step<N>/ with every rank's partition).
+_OPTIMIZER_STATE = ("optimizer.pt", "optimizer.bin", "optimizer_0", "global_step*")
 
 
 def _complete(checkpoint: Path) -> bool:
@@ -271,12 +180,12 @@ def _complete(checkpoint: Path) -> bool:
         json.loads((checkpoint / "trainer_state.json").read_text())
     except (OSError, ValueError):
         return False
-    return (checkpoint / "optimizer.pt").exists()
+    return any(any(checkpoint.glob(pattern)) for pattern in _OPTIMIZER_STATE)
 
 
-def _last_complete_checkpoint(progress_dir: Path, log: Callable[[str], Any]) -> tuple[int, Path] | None:
+def _last_complete_checkpoint(progress: ProgressFolder, log: Callable[[str], Any]) -> tuple[int, Path] | None:
     """The newest whole checkpoint; torn ones (a kill mid-save) are deleted so TRL never picks them."""
-    for step, path in reversed(_checkpoints(progress_dir)):
+    for step, path in reversed(progress.checkpoints()):
         if _complete(path):
             return step, path
         log(f"grpo: removing incomplete checkpoint {path}")
@@ -284,34 +193,31 @@ def _last_complete_checkpoint(progress_dir: Path, log: Callable[[str], Any]) -> 
     return None
 
 
-def _fingerprint(settings: GRPOSettings, rows: Sequence[Row], theta0: Mapping[str, torch.Tensor]) -> str:
-    digest = hashlib.blake2b(digest_size=16)
-    kept = {k: v for k, v in settings.to_dict().items() if k not in _NOT_FINGERPRINTED}
-    digest.update(json.dumps({"settings": kept, "rows": list(rows)}, sort_keys=True, default=str).encode())
-    for name, value in theta0.items():  # the starting weights: another init model is another run
-        digest.update(name.encode())
-        digest.update(value.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
+def _resume_point(progress: ProgressFolder, run_id: str, settings: GRPOSettings,
+                  log: Callable[[str], Any], main: bool = True) -> tuple[tuple[int, Path] | None, list[dict]]:
+    """(the checkpoint to resume, the metrics rows up to it) of this very run, or (None, []) after
+    clearing the folder for a fresh start (another run's checkpoints, or rows that do not cover one).
 
-
-def _prepare_progress(progress_dir: Path, fingerprint: str, log: Callable[[str], Any]) -> tuple[int, Path] | None:
-    """Keep the progress of the same run, clear anything else; return the checkpoint to resume."""
-    run_file = progress_dir / "run.json"
-    previous = None
-    if run_file.exists():
-        try:
-            previous = json.loads(run_file.read_text()).get("fingerprint")
-        except ValueError:
-            previous = None
-    if previous != fingerprint:
-        if _checkpoints(progress_dir) or (progress_dir / "metrics.jsonl").exists():
-            log(f"grpo: {progress_dir} holds another run (settings, rows or start model differ); starting afresh")
-        for _, path in _checkpoints(progress_dir):
-            shutil.rmtree(path, ignore_errors=True)
-        (progress_dir / "metrics.jsonl").unlink(missing_ok=True)
-        write_json(run_file, {"fingerprint": fingerprint})
-        return None
-    return _last_complete_checkpoint(progress_dir, log)
+    Only the main process (rank 0) clears and writes; the other ranks, which look after it, read.
+    """
+    metrics_path = progress.path / "metrics.jsonl"
+    if not main:
+        found = progress.checkpoints() if progress.holds(run_id) else []
+        resume = next(((step, path) for step, path in reversed(found) if _complete(path)), None)
+        return resume, []
+    if progress.holds(run_id) and (resume := _last_complete_checkpoint(progress, log)) is not None:
+        kept = read_jsonl(metrics_path) if metrics_path.exists() else []
+        rows_so_far = [r for r in kept if r["iteration"] <= resume[0]]
+        if [r["iteration"] for r in rows_so_far] == list(range(1, resume[0] + 1)):
+            log(f"grpo: resuming after step {resume[0]} of {settings.steps} from {resume[1]}")
+            return resume, rows_so_far
+        # Cumulative totals would be wrong without every earlier row: restart rather than guess.
+        log(f"grpo: metrics of {progress.path} do not cover checkpoint {resume[0]}; starting afresh")
+    elif not progress.holds(run_id) and (progress.checkpoints() or metrics_path.exists()):
+        log(f"grpo: {progress.path} holds another run (settings, rows or start model differ); starting afresh")
+    progress.start_fresh(run_id, also=("metrics.jsonl",))
+    write_jsonl(metrics_path, [])
+    return None, []
 
 
 # --------------------------------------------------------------------------- metrics callback
@@ -323,128 +229,147 @@ def _float(value: Any) -> float:
     return float(value.item() if hasattr(value, "item") else value)
 
 
+class _MetricsRows:
+    """Writes one ES-schema row per optimiser step to metrics.jsonl (progress_dir and out_dir).
+
+    Geometry is measured here because TRL does not: distance_from_init against an fp32
+    copy of the starting weights, update_norm against an fp32 copy taken as the step begins
+    (the weights the optimiser step starts from). Cumulative totals (rollouts, tokens, seconds) continue from the rows
+    of the checkpoint a run resumes from. In a multi-process run only rank 0 (`main`) keeps
+    the copies and writes; every rank joins the gathers of a sharded model.
+    """
+
+    def __init__(self, model: torch.nn.Module, settings: GRPOSettings, rows_so_far: list[dict],
+                 metrics_paths: Sequence[Path], log: Callable[[str], Any], main: bool = True) -> None:
+        self.model = model
+        self.settings = settings
+        self.rows = rows_so_far
+        self.metrics_paths = list(metrics_paths)
+        self.log = log
+        self.main = main
+        self.theta0 = self._snapshot()  # taken before the trainer shards (or resumes) the model
+        self.before: dict[str, torch.Tensor] | None = None
+        self.snapped = False
+        last = rows_so_far[-1] if rows_so_far else {}
+        self.totals = {k: last.get(k, 0) for k in ("rollouts", "generated_tokens", "seconds")}
+        self.step_began = 0.0
+        self.pending: dict[str, float] = {}
+
+    def _snapshot(self) -> dict[str, torch.Tensor] | None:
+        """fp32 copies of every parameter (tied weights once, as in ES), kept in CPU memory (rank 0's).
+
+        On a GPU the two copies would cost 8 bytes per parameter next to the optimiser
+        state and vLLM; in host memory they cost one transfer per step.
+        """
+        return host_copy(self.model, self.main)
+
+    def _norm_to(self, reference: Mapping[str, torch.Tensor] | None) -> float:
+        """||theta - reference||_2 (`esgrpo.distributed.norm_to`; NaN on ranks that keep no reference)."""
+        return norm_to(self.model, reference)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        # The weights before this step's update. Taken here, not at on_pre_optimizer_step: under DeepSpeed
+        # the engine steps inside the last backward pass, before that event.
+        self.step_began = time.perf_counter()
+        self.before, self.snapped = self._snapshot(), True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # Timed from step begin (generation + scoring + backward + optimiser), not logging/saving, as ES.
+        seconds = time.perf_counter() - self.step_began
+        self.pending = {
+            "seconds_step": seconds,
+            "update_norm": self._norm_to(self.before) if self.snapped else math.nan,
+            "distance_from_init": self._norm_to(self.theta0),
+        }
+        self.before, self.snapped = None, False
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        logs = logs or {}
+        if "reward" not in logs or not self.main:  # the end-of-training summary log, not a step; rank 0 writes
+            return
+        s = self.settings
+        step = int(state.global_step)
+        completions = s.completions_per_step
+        mean_length = _float(logs.get("completions/mean_length"))
+        self.totals["rollouts"] += completions
+        # TRL's num_tokens also counts prompt tokens; mean length x count is the exact completion total.
+        self.totals["generated_tokens"] += int(round(mean_length * completions))
+        self.totals["seconds"] += self.pending.get("seconds_step", 0.0)
+        row = {
+            "method": "grpo",
+            "iteration": step,
+            "updates": step,
+            "prompts": s.prompts_per_step,
+            "fitness_mean": _float(logs.get("reward")),
+            "fitness_std": _float(logs.get("reward_std")),
+            "entropy": _float(logs.get("entropy")),
+            "frac_reward_zero_std": _float(logs.get("frac_reward_zero_std")),
+            "loss": _float(logs.get("loss")),
+            "grad_norm": _float(logs.get("grad_norm")),
+            "learning_rate": _float(logs.get("learning_rate")),
+            "completion_mean_length": mean_length,
+            "truncated_fraction": _float(logs.get("completions/clipped_ratio")),
+            "update_norm": self.pending.get("update_norm", math.nan),
+            "distance_from_init": self.pending.get("distance_from_init", math.nan),
+            "rollouts": self.totals["rollouts"],
+            "generated_tokens": self.totals["generated_tokens"],
+            "seconds": self.totals["seconds"],
+            "seconds_step": self.pending.get("seconds_step", math.nan),
+        }
+        if s.beta != 0.0:
+            row["kl"] = _float(logs.get("kl"))
+        self.pending = {}
+        # Rows are keyed by step: a step replayed after a resume replaces, never duplicates.
+        self.rows = [r for r in self.rows if r["iteration"] < step] + [row]
+        for path in self.metrics_paths:  # progress_dir's copy is the one a resume reads
+            write_jsonl(path, self.rows)
+        self.log(f"grpo step {step}/{s.steps} reward {row['fitness_mean']:.4f}±{row['fitness_std']:.4f} "
+                 f"zero-std {row['frac_reward_zero_std']:.2f} entropy {row['entropy']:.3f} "
+                 f"|step| {row['update_norm']:.3e} dist {row['distance_from_init']:.3e} "
+                 f"len {mean_length:.1f} {row['seconds_step']:.2f}s")
+
+
 def _callback_class():
-    """The callback, built lazily so importing this module does not import transformers."""
+    """The callback: `_MetricsRows` on transformers' `TrainerCallback` (whose other events do nothing),
+    built lazily so importing this module does not import transformers."""
     from transformers import TrainerCallback
 
-    class GRPOMetricsCallback(TrainerCallback):
-        """Writes one ES-schema row per optimiser step to metrics.jsonl (progress_dir and out_dir).
-
-        Geometry is measured here because TRL does not: distance_from_init against an fp32
-        copy of the starting weights, update_norm against an fp32 copy taken just before the
-        optimiser step. Cumulative totals (rollouts, tokens, seconds) continue from the rows
-        of the checkpoint a run resumes from.
-        """
-
-        def __init__(self, model: torch.nn.Module, settings: GRPOSettings, rows_so_far: list[dict],
-                     metrics_paths: Sequence[Path], log: Callable[[str], Any]) -> None:
-            self.model = model
-            self.settings = settings
-            self.rows = rows_so_far
-            self.metrics_paths = list(metrics_paths)
-            self.log = log
-            self.theta0 = self._snapshot()
-            self.before: dict[str, torch.Tensor] = {}
-            last = rows_so_far[-1] if rows_so_far else {}
-            self.totals = {k: last.get(k, 0) for k in ("rollouts", "generated_tokens", "seconds")}
-            self.step_began = 0.0
-            self.pending: dict[str, float] = {}
-
-        def _snapshot(self) -> dict[str, torch.Tensor]:
-            """fp32 copies of every parameter (tied weights once, as in ES), kept in CPU memory.
-
-            On a GPU the two copies would cost 8 bytes per parameter next to the optimiser
-            state and vLLM; in host memory they cost one transfer per step.
-            """
-            return {n: p.detach().to("cpu", torch.float32, copy=True) for n, p in self.model.named_parameters()}
-
-        def _norm_to(self, reference: Mapping[str, torch.Tensor]) -> float:
-            """||theta - reference||_2 over all parameters, one tensor at a time on the parameter's device."""
-            total = 0.0
-            for name, p in self.model.named_parameters():
-                ref = reference[name].to(p.device)
-                total += float((p.detach().to(torch.float32) - ref).double().pow(2).sum())
-            return math.sqrt(total)
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            self.step_began = time.perf_counter()
-
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.before = self._snapshot()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            # Timed from step begin (generation + scoring + backward + optimiser), not logging/saving, as ES.
-            seconds = time.perf_counter() - self.step_began
-            self.pending = {
-                "seconds_step": seconds,
-                "update_norm": self._norm_to(self.before) if self.before else math.nan,
-                "distance_from_init": self._norm_to(self.theta0),
-            }
-            self.before = {}
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            logs = logs or {}
-            if "reward" not in logs:  # the end-of-training summary log, not a step
-                return
-            s = self.settings
-            step = int(state.global_step)
-            completions = s.completions_per_step
-            mean_length = _float(logs.get("completions/mean_length"))
-            self.totals["rollouts"] += completions
-            # TRL's num_tokens also counts prompt tokens; mean length x count is the exact completion total.
-            self.totals["generated_tokens"] += int(round(mean_length * completions))
-            self.totals["seconds"] += self.pending.get("seconds_step", 0.0)
-            row = {
-                "method": "grpo",
-                "iteration": step,
-                "updates": step,
-                "prompts": s.prompts_per_step,
-                "fitness_mean": _float(logs.get("reward")),
-                "fitness_std": _float(logs.get("reward_std")),
-                "entropy": _float(logs.get("entropy")),
-                "frac_reward_zero_std": _float(logs.get("frac_reward_zero_std")),
-                "loss": _float(logs.get("loss")),
-                "grad_norm": _float(logs.get("grad_norm")),
-                "learning_rate": _float(logs.get("learning_rate")),
-                "completion_mean_length": mean_length,
-                "truncated_fraction": _float(logs.get("completions/clipped_ratio")),
-                "update_norm": self.pending.get("update_norm", math.nan),
-                "distance_from_init": self.pending.get("distance_from_init", math.nan),
-                "rollouts": self.totals["rollouts"],
-                "generated_tokens": self.totals["generated_tokens"],
-                "seconds": self.totals["seconds"],
-                "seconds_step": self.pending.get("seconds_step", math.nan),
-            }
-            if s.beta != 0.0:
-                row["kl"] = _float(logs.get("kl"))
-            self.pending = {}
-            # Rows are keyed by step: a step replayed after a resume replaces, never duplicates.
-            self.rows = [r for r in self.rows if r["iteration"] < step] + [row]
-            for path in self.metrics_paths:  # progress_dir's copy is the one a resume reads
-                write_jsonl(path, self.rows)
-            self.log(f"grpo step {step}/{s.steps} reward {row['fitness_mean']:.4f}±{row['fitness_std']:.4f} "
-                     f"zero-std {row['frac_reward_zero_std']:.2f} entropy {row['entropy']:.3f} "
-                     f"|step| {row['update_norm']:.3e} dist {row['distance_from_init']:.3e} "
-                     f"len {mean_length:.1f} {row['seconds_step']:.2f}s")
-
-    return GRPOMetricsCallback
+    return type("GRPOMetricsCallback", (_MetricsRows, TrainerCallback), {})
 
 
 # --------------------------------------------------------------------------- the trainer
 
 
-def _grpo_config(settings: GRPOSettings, progress_dir: Path, cuda: bool):
-    """TRL's GRPOConfig with the project's settings and CPU-safe overrides of TRL's GPU defaults."""
+def _checkpointing_field() -> str:
+    """TrainingArguments' name for activation checkpointing: `activation_checkpointing` from transformers
+    5.18, `gradient_checkpointing` before (the GPU env pins 5.17, where the new name is a TypeError)."""
     from trl import GRPOConfig
 
+    names = {f.name for f in dataclasses.fields(GRPOConfig)}
+    return "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
+
+
+def grpo_config_kwargs(settings: GRPOSettings, progress_dir: Path, cuda: bool,
+                       max_model_len: int | None = None) -> dict[str, Any]:
+    """TRL's GRPOConfig arguments for the project's settings, with CPU-safe overrides of TRL's GPU defaults.
+
+    Batching: TRL's generation batch is per_device_train_batch_size x processes x
+    gradient_accumulation_steps (steps_per_generation defaults to the accumulation), and it generates
+    that batch once per optimiser step; so the micro-batch is the step's completions / (processes x
+    accumulation) and every step still samples prompts_per_step x num_generations completions.
+    max_model_len: the colocated vLLM engine's context (prompt + completion; see `_train`).
+    """
     s = settings
+    bf16 = cuda if s.bf16 is None else s.bf16
+    checkpointing = cuda if s.activation_checkpointing is None else s.activation_checkpointing
     kwargs: dict[str, Any] = {}
     if s.use_vllm:
-        kwargs.update(use_vllm=True, vllm_mode="colocate")
-    return GRPOConfig(
+        kwargs.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=s.vllm_gpu_memory_utilization,
+                      vllm_max_model_length=max_model_len)
+    return dict(
         output_dir=str(progress_dir),
         max_steps=s.steps,
-        per_device_train_batch_size=s.completions_per_step // s.gradient_accumulation_steps,
+        per_device_train_batch_size=s.micro_batch,
         gradient_accumulation_steps=s.gradient_accumulation_steps,
         num_generations=s.num_generations,
         max_completion_length=s.max_new_tokens,
@@ -463,10 +388,11 @@ def _grpo_config(settings: GRPOSettings, progress_dir: Path, cuda: bool):
         data_seed=s.seed,
         # The prompt order is fixed by `prompt_order` (see the module docstring).
         shuffle_dataset=False,
-        # CPU-hostile defaults of TRL/transformers, and no logging services.
-        bf16=bool(s.bf16 and cuda),
-        # TRL defaults to checkpointing on; transformers 5 names it activation_checkpointing.
-        activation_checkpointing=False,
+        # bf16 autocast over the fp32 model (accelerate keeps fp32 weights, gradients and AdamW state).
+        bf16=bool(bf16),
+        # TRL's default is on; off on a CPU, where memory is not short and recomputing costs time. Under
+        # FSDP the accelerate config checkpoints instead (transformers refuses both at once).
+        **{_checkpointing_field(): bool(checkpointing) and s.sharding != "fsdp"},
         use_cpu=not cuda,
         logging_steps=1,
         report_to="none",
@@ -480,6 +406,39 @@ def _grpo_config(settings: GRPOSettings, progress_dir: Path, cuda: bool):
     )
 
 
+def _grpo_config(settings: GRPOSettings, progress_dir: Path, cuda: bool, max_model_len: int | None = None):
+    """TRL's GRPOConfig (`grpo_config_kwargs`), checked to sample the step's completions in one generation batch."""
+    from trl import GRPOConfig
+
+    config = GRPOConfig(**grpo_config_kwargs(settings, progress_dir, cuda, max_model_len))
+    if config.generation_batch_size != settings.completions_per_step or config.num_iterations != 1:
+        raise RuntimeError(f"TRL would generate {config.generation_batch_size} completions per optimiser step "
+                           f"(x {config.num_iterations} iterations) on {config.world_size} process(es), not "
+                           f"{settings.completions_per_step}: launch num_processes={settings.num_processes}")
+    return config
+
+
+def _vllm_max_model_len(settings: GRPOSettings, tokenizer: Any, rows: Sequence[Row]) -> int:
+    """The colocated engine's context: the settings' (the plan's), checked, or the longest prompt + completion."""
+    from esgrpo.vllm_engine import context_length, prompt_token_ids
+
+    lengths = (len(ids) for ids in prompt_token_ids(tokenizer, rows))
+    return context_length(lengths, settings.max_new_tokens, settings.vllm_max_model_length, settings.max_prompt_tokens)
+
+
+def _check_vllm_dtype(trainer: Any, settings: GRPOSettings) -> None:
+    """vLLM must generate in bf16 beside bf16 training, also from an fp32 checkpoint (an earlier stage's).
+
+    TRL builds the colocated LLM with vLLM's dtype "auto", which casts an fp32 config to the platform's
+    first dtype (bf16 on Ampere and later: vllm/config/model.py `_resolve_auto_dtype` in vLLM 0.31); a
+    platform that keeps fp32 would double vLLM's weights and halve its KV cache, so it is an error.
+    """
+    engine = getattr(getattr(trainer, "vllm_generation", None), "llm", None)
+    dtype = engine.llm_engine.model_config.dtype if engine is not None else None
+    if settings.bf16 is not False and dtype is not None and dtype != torch.bfloat16:
+        raise RuntimeError(f"TRL's colocated vLLM engine runs {dtype}, not bfloat16 (training is bf16)")
+
+
 def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifier: str,
                settings: GRPOSettings | Mapping[str, Any], out_dir: str | os.PathLike,
                progress_dir: str | os.PathLike, log: Callable[[str], Any] = print) -> dict[str, Any]:
@@ -488,13 +447,10 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
     rows: task rows {id, prompt (chat messages), answer, meta}; verifier: a name in
     `esgrpo.rewards.VERIFIERS`. TRL checkpoints go to `progress_dir` every
     `settings.save_every` steps; a rerun with the same settings, rows and start model resumes
-    from the newest whole checkpoint (another run's leftovers are cleared). Returns the summary.
+    from the newest whole checkpoint (another run's leftovers are cleared). The folder takes one
+    writer at a time (`esgrpo.checkpoint.WriterLock`; in a multi-process launch, rank 0's). Returns
+    the summary.
     """
-    from transformers.trainer_callback import PrinterCallback
-    from trl import GRPOTrainer
-
-    from esgrpo.models import load_model, save_model
-
     settings = settings if isinstance(settings, GRPOSettings) else GRPOSettings.from_dict(settings)
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; allowed: {sorted(VERIFIERS)}")
@@ -504,59 +460,70 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
     cuda = torch.cuda.is_available()
     if (settings.use_vllm or settings.bf16) and not cuda:
         raise ValueError("GRPOSettings.use_vllm and .bf16 need a CUDA GPU; set them to false on CPU")
-    order = prompt_order(len(rows), settings.steps, settings.prompts_per_step, settings.seed)
-    out_dir, progress_dir = Path(out_dir), Path(progress_dir)
+    if settings.num_processes != world_size():
+        raise ValueError(f"GRPOSettings.num_processes is {settings.num_processes} but {world_size()} process(es) "
+                         f"run: launch it with esgrpo.grpo_launch.launch_grpo")
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    progress_dir.mkdir(parents=True, exist_ok=True)
+    with ProgressFolder(progress_dir, CHECKPOINT_PREFIX, lock=rank() == 0) as progress:
+        return _train(model_dir_or_ref, rows, verifier, settings, out_dir, progress, cuda, log)
 
-    # fp32 weights: with bf16 on, TRL/accelerate autocast and keep fp32 master weights.
-    model, tokenizer = load_model(model_dir_or_ref, dtype="float32", device="cuda" if cuda else "cpu")
+
+def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, settings: GRPOSettings,
+           out_dir: Path, progress: ProgressFolder, cuda: bool, log: Callable[[str], Any]) -> dict[str, Any]:
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOTrainer
+
+    main = rank() == 0
+    order = prompt_order(len(rows), settings.steps, settings.prompts_per_step, settings.seed)
+    model, tokenizer = load_policy(model_dir_or_ref, settings, cuda)
     use_cache = getattr(model.config, "use_cache", True)
     theta0 = {n: p.detach().to(torch.float32) for n, p in model.named_parameters()}
-    fingerprint = _fingerprint(settings, rows, theta0)
-    resume = _prepare_progress(progress_dir, fingerprint, log)
-    metrics_path = progress_dir / "metrics.jsonl"
-    rows_so_far: list[dict] = []
-    if resume is not None:
-        resumed_step = resume[0]
-        kept = read_jsonl(metrics_path) if metrics_path.exists() else []
-        rows_so_far = [r for r in kept if r["iteration"] <= resumed_step]
-        if [r["iteration"] for r in rows_so_far] != list(range(1, resumed_step + 1)):
-            # Cumulative totals would be wrong without every earlier row: restart rather than guess.
-            log(f"grpo: metrics of {progress_dir} do not cover checkpoint {resumed_step}; starting afresh")
-            for _, path in _checkpoints(progress_dir):
-                shutil.rmtree(path, ignore_errors=True)
-            resume, rows_so_far = None, []
-        else:
-            log(f"grpo: resuming after step {resumed_step} of {settings.steps} from {resume[1]}")
-    if resume is None:
-        write_jsonl(metrics_path, [])
+    run_id = fingerprint({"settings": settings.trajectory_settings(), "rows": rows}, theta0)
+    with main_first(cuda):  # rank 0 clears or keeps the folder; the others then read what it decided
+        resume, rows_so_far = _resume_point(progress, run_id, settings, log, main)
+    if resume is None and main:
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # a previous run's rows must not linger
         log(f"grpo: fresh run, {sum(t.numel() for t in theta0.values()):,} parameters, "
-            f"{settings.prompts_per_step} prompts x {settings.num_generations} completions, {settings.steps} steps")
+            f"{settings.prompts_per_step} prompts x {settings.num_generations} completions, {settings.steps} steps, "
+            f"micro-batch {settings.micro_batch} x {settings.gradient_accumulation_steps} x "
+            f"{settings.num_processes} process(es)")
+    del theta0
 
-    dataset = rows_to_dataset([rows[i] for i in order])
-    callback = _callback_class()(model, settings, rows_so_far, [metrics_path, out_dir / "metrics.jsonl"], log)
+    train_rows = [rows[i] for i in order]
+    max_model_len = _vllm_max_model_len(settings, tokenizer, train_rows) if settings.use_vllm else None
+    metrics_paths = [progress.path / "metrics.jsonl", out_dir / "metrics.jsonl"]
+    callback = _callback_class()(model, settings, rows_so_far, metrics_paths, log, main)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[make_reward_function(verifier, settings.reward_scheme, settings.format_bonus)],
-        args=_grpo_config(settings, progress_dir, cuda),
-        train_dataset=dataset,
+        args=_grpo_config(settings, progress.path, cuda, max_model_len),
+        train_dataset=rows_to_dataset(train_rows),
         processing_class=tokenizer,  # without it TRL would look for a tokenizer on the Hub
         callbacks=[callback],
     )
+    if settings.use_vllm:
+        _check_vllm_dtype(trainer, settings)
     trainer.remove_callback(PrinterCallback)  # it prints every raw log dict; the callback logs a line instead
     trainer.train(resume_from_checkpoint=str(resume[1]) if resume is not None else None)
+    return _finish(trainer, callback, tokenizer, use_cache, settings, out_dir, resume, main)
 
+
+def _finish(trainer: Any, callback: _MetricsRows, tokenizer: Any, use_cache: bool, settings: GRPOSettings,
+            out_dir: Path, resume: tuple[int, Path] | None, main: bool) -> dict[str, Any]:
+    """Save the model, every metrics row and the summary (rank 0); returns the summary."""
     metrics = callback.rows
-    if [r["iteration"] for r in metrics] != list(range(1, settings.steps + 1)):
+    if main and [r["iteration"] for r in metrics] != list(range(1, settings.steps + 1)):
         raise RuntimeError(f"grpo: expected one metrics row per step 1..{settings.steps}, "
                            f"got {[r['iteration'] for r in metrics]}")
     trained = trainer.model
     trained.eval()
     # Training turns the KV cache off in the config; the saved model should generate as the base did.
     trained.config.use_cache = use_cache
-    save_model(trained, tokenizer, out_dir / "model")
+    save_policy(trained, tokenizer, out_dir / "model", main)
+    distance = callback._norm_to(callback.theta0)  # every rank: a gather when the model is sharded
+    if not main:
+        return {"method": "grpo", "steps": settings.steps, "rank": rank()}
     write_jsonl(out_dir / "metrics.jsonl", metrics)
     last = metrics[-1]
     summary = {
@@ -569,7 +536,7 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
         "rollouts": last["rollouts"],
         "generated_tokens": last["generated_tokens"],
         "seconds": last["seconds"],
-        "distance_from_init": callback._norm_to(callback.theta0),
+        "distance_from_init": distance,
         "resumed_from": resume[0] if resume is not None else None,
         "settings": settings.to_dict(),
     }

@@ -7,7 +7,8 @@ for models of a few million parameters or fewer that overhead, not arithmetic, i
 `population_generate` instead runs all members in one pure-torch forward per decoding step:
 every weight is stacked with a leading member axis, every projection is one batched matmul
 (`torch.bmm` / `baddbmm`) over members, and the rows of member n are its copy of the B prompts
-(N * B sequences in all).
+(N * B sequences in all). The member weights are laid out once per population by
+`esgrpo.population_weights.prepare_population`; this module is the forward and the decoding.
 
 Supported: transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (q/k/v biases), fp32
 compute, RMSNorm, rotary embeddings (static rope types), grouped-query attention, SiLU gated
@@ -51,6 +52,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from esgrpo.population_weights import (
+    Arch,
+    Layer,
+    PopulationWeights,
+    check_window,
+    prepare_population,
+    stack_members,
+)
+from esgrpo.rollout import id_list, lengths_through_eos
+
 __all__ = [
     "PopulationOutput",
     "PopulationWeights",
@@ -87,228 +98,6 @@ class PopulationOutput:
     entropies: Tensor
 
 
-# --------------------------------------------------------------------------- architecture
-
-
-@dataclass(frozen=True)
-class _Arch:
-    vocab: int
-    hidden: int
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    eps: float
-    tied: bool
-    prefix: str  # name of the decoder inside the CausalLM ("model")
-    inv_freq: Tensor  # [head_dim / 2] rotary inverse frequencies, fp32
-    rope_scale: float  # transformers' attention_scaling (1.0 for the default rope)
-
-
-def _arch(model: torch.nn.Module) -> _Arch:
-    config = model.config
-    if getattr(config, "model_type", None) not in ("llama", "qwen2"):
-        raise NotImplementedError(f"population generation supports llama and qwen2, not {config.model_type!r}")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise NotImplementedError(f"hidden_act {config.hidden_act!r} (only silu)")
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    if heads % kv_heads or head_dim % 2:
-        raise ValueError(f"heads {heads} / kv_heads {kv_heads} / head_dim {head_dim} not supported")
-    prefix = getattr(model, "base_model_prefix", "model") or "model"
-    names = {name for name, _ in model.named_parameters()}
-    inv_freq, rope_scale = _rope(model, config, head_dim)
-    return _Arch(vocab=config.vocab_size, hidden=config.hidden_size, layers=config.num_hidden_layers,
-                 heads=heads, kv_heads=kv_heads, head_dim=head_dim, intermediate=config.intermediate_size,
-                 eps=float(config.rms_norm_eps), tied="lm_head.weight" not in names, prefix=prefix,
-                 inv_freq=inv_freq, rope_scale=rope_scale)
-
-
-def _rope(model: torch.nn.Module, config, head_dim: int) -> tuple[Tensor, float]:
-    """Rotary inverse frequencies and output scale, as transformers computes them."""
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        # transformers 5.x keeps theta in rope_parameters; 4.x had config.rope_theta.
-        theta = params.get("rope_theta", getattr(config, "rope_theta", None))
-        if theta is None:
-            raise ValueError("no rope theta in config.rope_parameters or config.rope_theta")
-        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
-        return 1.0 / (float(theta) ** exponent), 1.0
-    if rope_type in ("dynamic", "longrope"):  # frequencies that change with the sequence length
-        raise NotImplementedError(f"rope_type {rope_type!r}")
-    # Other static rope types (linear, llama3, yarn, ...): reuse the module's precomputed buffer.
-    rotary = getattr(getattr(model, "model", model), "rotary_emb", None)
-    if rotary is None or not hasattr(rotary, "inv_freq"):
-        raise NotImplementedError(f"rope_type {rope_type!r} without a rotary_emb.inv_freq buffer")
-    return rotary.inv_freq.detach().float().cpu(), float(getattr(rotary, "attention_scaling", 1.0))
-
-
-def _check_window(model: torch.nn.Module, total: int) -> None:
-    config = model.config
-    layer_types = getattr(config, "layer_types", None) or []
-    window = getattr(config, "sliding_window", None)
-    if any(t != "full_attention" for t in layer_types) and window is not None and window < total:
-        raise NotImplementedError(f"sliding-window attention (window {window} < sequence length {total})")
-
-
-# --------------------------------------------------------------------------- weights
-
-
-def stack_members(model: torch.nn.Module, member_state_dicts: Sequence[Mapping[str, Tensor]]) -> dict[str, Tensor]:
-    """Stack N member state dicts into ``{name: [N, *param.shape]}`` for every parameter of `model`.
-
-    Names are those of ``model.named_parameters()`` (a tied ``lm_head.weight`` is not one);
-    extra keys in the state dicts (buffers, the tied head) are ignored.
-    """
-    if not member_state_dicts:
-        raise ValueError("no members")
-    stacked = {}
-    for name, param in model.named_parameters():
-        missing = [i for i, sd in enumerate(member_state_dicts) if name not in sd]
-        if missing:
-            raise KeyError(f"{name} missing from member state dict(s) {missing}")
-        stacked[name] = torch.stack([sd[name].detach().to(param.device) for sd in member_state_dicts])
-    return stacked
-
-
-@dataclass
-class _Layer:
-    wqkv: Tensor  # [N, H, (heads + 2 kv_heads) * head_dim], input norm, q scale, rope permutation folded
-    bqkv: Tensor | None  # [N, 1, same] or None
-    wo: Tensor  # [N, heads * head_dim, H]
-    bo: Tensor | None
-    wgu: Tensor  # [N, H, 2 I], post-attention norm folded
-    bgu: Tensor | None
-    wd: Tensor  # [N, I, H]
-    bd: Tensor | None
-
-    def members(self, s: int, e: int) -> _Layer:
-        """The same layer for members [s, e) (views)."""
-        if s == 0 and e == self.wqkv.shape[0]:
-            return self
-        return _Layer(*(None if w is None else w[s:e] for w in
-                        (self.wqkv, self.bqkv, self.wo, self.bo, self.wgu, self.bgu, self.wd, self.bd)))
-
-
-@dataclass
-class PopulationWeights:
-    """Member weights laid out for `population_generate`; build with `prepare_population`.
-
-    Reusable across calls with the same members (several prompt batches), which saves the one
-    copy of all N x d numbers that preparing costs.
-    """
-
-    n_members: int
-    arch: _Arch
-    embed: Tensor  # [N * V, H], row n * V + token
-    layers: list[_Layer]
-    lm_head: Tensor  # [N, H, V], final norm folded
-
-
-def _as_in_out(w: Tensor) -> Tensor:
-    """[N, out, in] (nn.Linear layout) -> contiguous [N, in, out], so `x @ w` is a plain NN gemm.
-
-    (Measured against keeping nn.Linear's layout and passing a transposed view: no consistent
-    difference on the small model, NN slightly ahead; contiguous also makes member slices cheap.)
-    """
-    return w.transpose(1, 2).contiguous()
-
-
-def _rope_perm(head_dim: int, heads: int) -> Tensor:
-    """Output-feature order that pairs (i, i + head_dim/2) as adjacent (real, imaginary) entries."""
-    half = head_dim // 2
-    within = torch.stack([torch.arange(half), torch.arange(half) + half], dim=-1).reshape(-1)
-    return (torch.arange(heads)[:, None] * head_dim + within[None, :]).reshape(-1)
-
-
-@torch.no_grad()
-def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | None,
-                       member_rows: Tensor | None = None) -> PopulationWeights:
-    """Fuse and lay out stacked member weights once per call (or once per population).
-
-    stacked: ``{name: [N, *param.shape]}``; None means the model's own weights (N = 1). A name
-    absent from `stacked` takes the model's own value for every member (e.g. frozen tensors).
-    member_rows: optional 1-D indices into the member axis: only those members are prepared
-    (in that order), e.g. to re-evaluate a subset without restacking.
-    """
-    arch = _arch(model)
-    params = dict(model.named_parameters())
-    if not stacked:  # None (or empty): the model's own weights, one member
-        stacked = {}
-        n_members = 1
-    else:
-        sizes = {int(v.shape[0]) for v in stacked.values()}
-        if len(sizes) != 1:
-            raise ValueError(f"stacked tensors disagree on the member count: {sorted(sizes)}")
-        n_members = sizes.pop()
-        unknown = set(stacked) - set(params)
-        if unknown:
-            raise KeyError(f"not parameters of the model: {sorted(unknown)[:5]}")
-    rows = None
-    if member_rows is not None:
-        rows = torch.as_tensor(member_rows, dtype=torch.long).reshape(-1)
-        n_members = int(rows.numel())
-    device = next(model.parameters()).device
-
-    def get(name: str) -> Tensor:
-        """[N, *shape] fp32; may be an expanded view (callers copy)."""
-        if name in stacked:
-            value = stacked[name]
-            if rows is not None:
-                value = value.index_select(0, rows.to(value.device))
-            return value.to(device=device, dtype=torch.float32)
-        value = params[name].detach().to(torch.float32)
-        return value.unsqueeze(0).expand(n_members, *value.shape)
-
-    def maybe(name: str) -> Tensor | None:
-        return get(name) if name in params else None
-
-    hd, nq, nkv = arch.head_dim, arch.heads, arch.kv_heads
-    perm_q, perm_k = _rope_perm(hd, nq).to(device), _rope_perm(hd, nkv).to(device)
-    scale = hd ** -0.5
-    p = arch.prefix
-    layers = []
-    for i in range(arch.layers):
-        a, m = f"{p}.layers.{i}.self_attn.", f"{p}.layers.{i}.mlp."
-        ln1 = get(f"{p}.layers.{i}.input_layernorm.weight")
-        ln2 = get(f"{p}.layers.{i}.post_attention_layernorm.weight")
-        wqkv = torch.cat([get(a + "q_proj.weight")[:, perm_q] * scale,
-                          get(a + "k_proj.weight")[:, perm_k],
-                          get(a + "v_proj.weight")], dim=1)  # [N, C, H], nn.Linear layout
-        wqkv = _as_in_out(wqkv * ln1[:, None, :])  # [N, H, C]
-        biases = [maybe(a + f"{x}_proj.bias") for x in "qkv"]
-        bqkv = None
-        if any(b is not None for b in biases):
-            widths = (nq * hd, nkv * hd, nkv * hd)
-            bq, bk, bv = (b if b is not None else torch.zeros(n_members, w, device=device)
-                          for b, w in zip(biases, widths, strict=True))
-            bqkv = torch.cat([bq[:, perm_q] * scale, bk[:, perm_k], bv], dim=1).unsqueeze(1).contiguous()
-        wgu = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")], dim=1)
-        wgu = _as_in_out(wgu * ln2[:, None, :])
-        bgu = None
-        if f"{m}gate_proj.bias" in params:
-            bgu = torch.cat([get(m + "gate_proj.bias"), get(m + "up_proj.bias")], dim=1).unsqueeze(1).contiguous()
-
-        def bias(name: str) -> Tensor | None:
-            b = maybe(name)
-            return None if b is None else b.unsqueeze(1).contiguous()
-
-        layers.append(_Layer(
-            wqkv=wqkv, bqkv=bqkv,
-            wo=_as_in_out(get(a + "o_proj.weight")), bo=bias(a + "o_proj.bias"),
-            wgu=wgu, bgu=bgu,
-            wd=_as_in_out(get(m + "down_proj.weight")), bd=bias(m + "down_proj.bias")))
-    embed = get(f"{p}.embed_tokens.weight")  # [N, V, H]
-    head = embed if arch.tied else get("lm_head.weight")
-    lm_head = _as_in_out(head * get(f"{p}.norm.weight")[:, None, :])
-    return PopulationWeights(n_members=n_members, arch=arch,
-                             embed=embed.contiguous().reshape(n_members * arch.vocab, arch.hidden),
-                             layers=layers, lm_head=lm_head)
-
-
 # --------------------------------------------------------------------------- forward pieces
 
 
@@ -327,7 +116,7 @@ def _add_project_(x: Tensor, y: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
     return x if b is None else x.add_(b)
 
 
-def _mlp_(x: Tensor, layer: _Layer, eps: float, inter: int) -> Tensor:
+def _mlp_(x: Tensor, layer: Layer, eps: float, inter: int) -> Tensor:
     gu = _project(_rms(x, eps), layer.wgu, layer.bgu)
     act = F.silu(gu[..., :inter]).mul_(gu[..., inter:])
     return _add_project_(x, act, layer.wd, layer.bd)
@@ -451,12 +240,35 @@ def _sample(logits: Tensor, temperature: float, top_p: float, generator: torch.G
     return tokens.view(logits.shape[:-1])
 
 
-def _eos_list(eos_token_id: int | Sequence[int] | None) -> list[int]:
-    if eos_token_id is None:
-        return []
-    if isinstance(eos_token_id, int):
-        return [eos_token_id]
-    return [int(e) for e in eos_token_id]
+def _rotations(arch: Arch, mask: Tensor, steps: int) -> tuple[Tensor, Tensor]:
+    """Rotary rotations as complex numbers, once per call: prompts at cumsum(mask) - 1, the j-th new
+    token at (number of real prompt tokens) + j, as transformers' generate numbers them.
+    Returns the prompt's [B, T, 1, hd/2] and the new tokens' [steps, B, 1, hd/2]."""
+    device = mask.device
+    inv_freq = arch.inv_freq.to(device)
+    real = mask.sum(-1)
+    prompt_pos = (mask.cumsum(-1) - 1).clamp_min(0)
+    new_pos = real[:, None] + torch.arange(steps, device=device)[None, :]
+
+    def rotation(pos: Tensor) -> Tensor:
+        angle = pos.to(torch.float32)[..., None] * inv_freq
+        return torch.complex(angle.cos() * arch.rope_scale, angle.sin() * arch.rope_scale).unsqueeze(-2)
+
+    return rotation(prompt_pos), rotation(new_pos).transpose(0, 1).contiguous()
+
+
+def _masks(mask: Tensor, n: int, nkv: int, slots: int) -> tuple[Tensor, Tensor]:
+    """Additive masks: prefill [B, 1, 1, T, T] (causal and padding), decode [N*B*nkv, 1, slots]."""
+    device = mask.device
+    b, t = mask.shape
+    key_ok = mask.bool()
+    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    zero = torch.zeros((), device=device)
+    neg = torch.full((), _MASK_VALUE, device=device)
+    prefill_mask = torch.where(causal[None] & key_ok[:, None, :], zero, neg)[:, None, None]
+    slot_ok = torch.cat([key_ok, torch.ones(b, slots - t, dtype=torch.bool, device=device)], dim=1)
+    decode_mask = torch.where(slot_ok, zero, neg)[None, :, None, None, :].expand(n, b, nkv, 1, slots)
+    return prefill_mask, decode_mask.reshape(n * b * nkv, 1, slots)
 
 
 # --------------------------------------------------------------------------- generation
@@ -498,40 +310,19 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
     if steps <= 0:
         empty = torch.zeros(n, b, 0, device=device)
         return PopulationOutput(empty.long(), torch.zeros(n, b, dtype=torch.long, device=device), empty, empty)
-    _check_window(model, t + steps)
+    check_window(model, t + steps)
     nkv, hd = arch.kv_heads, arch.head_dim
     slots = t + steps - 1  # the last generated token is never fed back
 
-    # Rotary rotations as complex numbers, once per call: prompts at cumsum(mask) - 1, the j-th new
-    # token at (number of real prompt tokens) + j, as transformers' generate numbers them.
-    inv_freq = arch.inv_freq.to(device)
-    real = mask.sum(-1)
-    prompt_pos = (mask.cumsum(-1) - 1).clamp_min(0)
-    new_pos = real[:, None] + torch.arange(steps, device=device)[None, :]
-
-    def rotation(pos: Tensor) -> Tensor:
-        angle = pos.to(torch.float32)[..., None] * inv_freq
-        return torch.complex(angle.cos() * arch.rope_scale, angle.sin() * arch.rope_scale).unsqueeze(-2)
-
-    rot_prompt = rotation(prompt_pos)  # [B, T, 1, hd/2]
-    rot_new = rotation(new_pos).transpose(0, 1).contiguous()  # [steps, B, 1, hd/2]
-
-    # Additive masks: prefill [B, 1, 1, T, T] (causal and padding), decode [N*B*nkv, 1, slots].
-    key_ok = mask.bool()
-    causal = torch.ones(t, t, dtype=torch.bool, device=device).tril()
-    zero = torch.zeros((), device=device)
-    neg = torch.full((), _MASK_VALUE, device=device)
-    prefill_mask = torch.where(causal[None] & key_ok[:, None, :], zero, neg)[:, None, None]
-    slot_ok = torch.cat([key_ok, torch.ones(b, slots - t, dtype=torch.bool, device=device)], dim=1)
-    decode_mask = torch.where(slot_ok, zero, neg)[None, :, None, None, :].expand(n, b, nkv, 1, slots)
-    decode_mask = decode_mask.reshape(n * b * nkv, 1, slots)
+    rot_prompt, rot_new = _rotations(arch, mask, steps)
+    prefill_mask, decode_mask = _masks(mask, n, nkv, slots)
 
     # Keys are cached transposed, [.., head_dim, slot]: the score matmul q @ K^T is then a plain
     # NN gemm over a contiguous prefix of every (row, kv head) block, measurably faster for tiny heads.
     kcache = torch.empty(arch.layers, n, b, nkv, hd, slots, device=device)
     vcache = torch.empty(arch.layers, n, b, nkv, slots, hd, device=device)
 
-    eos = torch.tensor(_eos_list(eos_token_id), dtype=torch.long, device=device)
+    eos = torch.tensor(id_list(eos_token_id), dtype=torch.long, device=device)
     tokens = torch.full((steps, n, b), pad_token_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(steps, n, b, device=device)
     entropies = torch.zeros(steps, n, b, device=device)
@@ -563,16 +354,6 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
                             entropies=(entropies * valid).permute(1, 2, 0).contiguous())
 
 
-def _lengths_from_tokens(tokens: Tensor, eos: list[int]) -> Tensor:
-    """Generated length counting the first EOS (or L when none) per row of [..., L]."""
-    steps = tokens.shape[-1]
-    if not eos:
-        return torch.full(tokens.shape[:-1], steps, dtype=torch.long, device=tokens.device)
-    hit = torch.isin(tokens, torch.tensor(eos, device=tokens.device))
-    first = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(hit[..., 0], steps, dtype=torch.long))
-    return torch.clamp(first + hit.any(-1).long(), max=steps)
-
-
 @torch.no_grad()
 def sequential_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | None,
                         input_ids: Tensor, attention_mask: Tensor | None, max_new_tokens: int,
@@ -599,7 +380,7 @@ def sequential_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device)
     b, t = input_ids.shape
     steps = int(max_new_tokens)
-    eos = _eos_list(eos_token_id)
+    eos = id_list(eos_token_id)
     sampled = temperature > 0.0
     kwargs = dict(max_new_tokens=steps, do_sample=sampled, num_beams=1, eos_token_id=eos,
                   pad_token_id=pad_token_id, repetition_penalty=1.0, no_repeat_ngram_size=0,
@@ -633,6 +414,6 @@ def sequential_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
         logp = torch.log_softmax(logits, dim=-1)
         logprobs[i, :, :done] = logp.gather(-1, seq.unsqueeze(-1)).squeeze(-1)
         entropies[i, :, :done] = -(logp.exp() * logp).sum(-1)
-    lengths = _lengths_from_tokens(tokens, eos)
+    lengths = lengths_through_eos(tokens, eos)
     valid = torch.arange(steps, device=device) < lengths[..., None]
     return PopulationOutput(tokens=tokens, lengths=lengths, logprobs=logprobs * valid, entropies=entropies * valid)

@@ -4,11 +4,16 @@
 together; the vLLM engine (GPU) lives in `esgrpo.vllm_engine` and returns the same
 `Rollouts`. Every completion carries its per-token log-probs and entropies under the
 model's raw (untempered) next-token distribution.
+
+Also the token facts every generator here shares (the ES population engine too): which ids end
+a turn (`eos_token_ids`) and how long a completion is through its first one (`lengths_through_eos`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -47,7 +52,7 @@ class HFEngine:
                  max_new_tokens: int = 32, seed: int = 0) -> Rollouts:
         prompts = prompt_texts(self.tokenizer, rows)
         expanded = [p for p in prompts for _ in range(n)]
-        eos_ids = _eos_ids(self.model, self.tokenizer)
+        eos_ids = eos_token_ids(self.model, self.tokenizer)
         sampled = temperature > 0
         flat_ids: list[list[int]] = []
         flat_lp: list[list[float]] = []
@@ -69,8 +74,7 @@ class HFEngine:
             logp = torch.log_softmax(logits, dim=-1)
             chosen = logp.gather(-1, new.unsqueeze(-1)).squeeze(-1)
             entropy = -(logp.exp() * logp).sum(-1)
-            for b in range(new.shape[0]):
-                length = _length_through_eos(new[b].tolist(), eos_ids)
+            for b, length in enumerate(lengths_through_eos(new, eos_ids).tolist()):
                 flat_ids.append(new[b, :length].tolist())
                 flat_lp.append(chosen[b, :length].tolist())
                 flat_ent.append(entropy[b, :length].tolist())
@@ -78,20 +82,34 @@ class HFEngine:
         return Rollouts(*(_unflatten(x, n) for x in (texts, flat_ids, flat_lp, flat_ent)))
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids = model.generation_config.eos_token_id
-    ids = [ids] if isinstance(ids, int) else list(ids or [])
+def id_list(ids: int | Sequence[int] | None) -> list[int]:
+    """One token id, several, or None (generation configs hold any of the three) as a list."""
+    if ids is None:
+        return []
+    if isinstance(ids, int):
+        return [ids]
+    return [int(i) for i in ids]
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """Every id that ends a turn: chat models list several in their generation config, and the tokenizer's own."""
+    ids = id_list(getattr(getattr(model, "generation_config", None), "eos_token_id", None))
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids.append(tokenizer.eos_token_id)
+    if not ids:
+        raise ValueError("neither the model's generation config nor the tokenizer names an EOS token")
     return ids
 
 
-def _length_through_eos(ids: list[int], eos_ids: list[int]) -> int:
-    """Generated length counting the first EOS; padding after it is not part of the completion."""
-    for i, token in enumerate(ids):
-        if token in eos_ids:
-            return i + 1
-    return len(ids)
+def lengths_through_eos(tokens: torch.Tensor, eos: Sequence[int]) -> torch.Tensor:
+    """Generated length counting the first EOS (or L when none) per row of [..., L]; what follows the
+    EOS (padding) is not part of the completion."""
+    steps = tokens.shape[-1]
+    if not eos:
+        return torch.full(tokens.shape[:-1], steps, dtype=torch.long, device=tokens.device)
+    hit = torch.isin(tokens, torch.tensor(list(eos), device=tokens.device))
+    first = torch.where(hit.any(-1), hit.float().argmax(-1), torch.full_like(hit[..., 0], steps, dtype=torch.long))
+    return torch.clamp(first + hit.any(-1).long(), max=steps)
 
 
 def _unflatten(flat: list, n: int) -> list[list]:

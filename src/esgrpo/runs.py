@@ -23,9 +23,11 @@ on order[0], and tables read that run as `cl_es-s0-k1` (`continual_stage_one`).
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
+# The grammar of a run name: the one place that parses or formats one (the table above).
 ES_RE = re.compile(r"es-n(?P<n>\d+)(?:-norm_(?P<norm>rank|none|zscore))?(?P<anti>-anti)?-s(?P<seed>\d+)")
 GRPO_RE = re.compile(r"grpo-g(?P<g>\d+)-s(?P<seed>\d+)")
 SEQ_RE = re.compile(r"(?P<first>es|grpo)-then-(?P<second>es|grpo)-s(?P<seed>\d+)")
@@ -42,6 +44,77 @@ SNAPSHOT_RUN_PATTERN = _strip_groups(SNAPSHOT_RE)
 RUN_PATTERN = f"{TRAINED_RUN_PATTERN}|{SNAPSHOT_RUN_PATTERN}"
 
 
+@dataclass(frozen=True)
+class RunName:
+    """What a run name says; a part that does not apply to its family is None."""
+
+    family: str  # "es" | "snapshot" | "grpo" | "sequential" | "continual"
+    method: str  # the method trained last: "es" | "grpo"
+    seed: int
+    variant: str  # the name without its seed: what seeds are averaged over (es-n16, cl_es-k2)
+    population: int | None = None  # es, snapshot
+    normalization: str | None = None  # es, snapshot ("zscore" unless the name says otherwise)
+    antithetic: bool | None = None  # es, snapshot
+    group: int | None = None  # grpo
+    iterations: int | None = None  # snapshot: its parent's iterations when it was exported
+    first: str | None = None  # sequential: the method of the run it starts from
+    stage: int | None = None  # continual: 1-based position in sequential.continual
+
+
+def _without_seed(run: str, match: re.Match) -> str:
+    return run[:match.start("seed") - len("-s")] + run[match.end("seed"):]
+
+
+@functools.lru_cache(maxsize=4096)  # tables parse the run of every row; a grid has few distinct names
+def parse_run_name(run: str) -> RunName:
+    """The parts of `run`; ValueError naming it when it is not a run name."""
+    if m := ES_RE.fullmatch(run):
+        return RunName("es", "es", int(m["seed"]), _without_seed(run, m), population=int(m["n"]),
+                       normalization=m["norm"] or "zscore", antithetic=bool(m["anti"]))
+    if m := SNAPSHOT_RE.fullmatch(run):  # exported by the main run: z-scored, one-sided
+        return RunName("snapshot", "es", int(m["seed"]), _without_seed(run, m), population=int(m["n"]),
+                       normalization="zscore", antithetic=False, iterations=int(m["it"]))
+    if m := GRPO_RE.fullmatch(run):
+        return RunName("grpo", "grpo", int(m["seed"]), _without_seed(run, m), group=int(m["g"]))
+    if m := SEQ_RE.fullmatch(run):
+        return RunName("sequential", m["second"], int(m["seed"]), _without_seed(run, m), first=m["first"])
+    if m := CL_RE.fullmatch(run):
+        return RunName("continual", m["method"], int(m["seed"]), _without_seed(run, m), stage=int(m["stage"]))
+    raise ValueError(f"run {run!r} is not a run name; expected one of: es-n16-s0, es-n16-norm_rank-s0, "
+                     f"es-n16-anti-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2, "
+                     f"es-n16-it10-s0")
+
+
+PAIR_RE = re.compile(r"s(?P<seed>\d+)")  # an analysis of the ES and GRPO main runs of one seed: s0
+
+
+def pair_seed(name: str) -> int | None:
+    """The seed of a pair analysis's file name (``s0`` -> 0); None for a run name."""
+    m = PAIR_RE.fullmatch(name)
+    return int(m["seed"]) if m else None
+
+
+def es_name(n: int, seed: int, normalization: str = "zscore", antithetic: bool = False) -> str:
+    norm = "" if normalization == "zscore" else f"-norm_{normalization}"
+    return f"es-n{n}{norm}{'-anti' if antithetic else ''}-s{seed}"
+
+
+def snapshot_name(n: int, iteration: int, seed: int) -> str:
+    return f"es-n{n}-it{iteration}-s{seed}"
+
+
+def grpo_name(g: int, seed: int) -> str:
+    return f"grpo-g{g}-s{seed}"
+
+
+def sequential_name(first: str, second: str, seed: int) -> str:
+    return f"{first}-then-{second}-s{seed}"
+
+
+def continual_name(method: str, seed: int, stage: int) -> str:
+    return f"cl_{method}-s{seed}-k{stage}"
+
+
 @dataclass
 class RunSpec:
     """How to train one run: the method, its settings, and where it starts from."""
@@ -53,22 +126,9 @@ class RunSpec:
     labels: dict = field(default_factory=dict)  # what tables group by (population, normalization, ...)
 
 
-def snapshot_name(n: int, iteration: int, seed: int) -> str:
-    return f"es-n{n}-it{iteration}-s{seed}"
-
-
 def es_snapshots(config: dict) -> list[int]:
     """The iterations after which the main ES runs export their model (`es.snapshots`)."""
     return sorted({int(k) for k in (config.get("es") or {}).get("snapshots") or []})
-
-
-def es_name(n: int, seed: int, normalization: str = "zscore", antithetic: bool = False) -> str:
-    norm = "" if normalization == "zscore" else f"-norm_{normalization}"
-    return f"es-n{n}{norm}{'-anti' if antithetic else ''}-s{seed}"
-
-
-def grpo_name(g: int, seed: int) -> str:
-    return f"grpo-g{g}-s{seed}"
 
 
 def main_es_name(config: dict, seed: int) -> str:
@@ -77,6 +137,11 @@ def main_es_name(config: dict, seed: int) -> str:
 
 def main_grpo_name(config: dict, seed: int) -> str:
     return grpo_name(config["grpo"]["group_sizes"][0], seed)
+
+
+def main_name(config: dict, method: str, seed: int) -> str:
+    """The main run of `method` ("es" | "grpo") and `seed`."""
+    return main_es_name(config, seed) if method == "es" else main_grpo_name(config, seed)
 
 
 def _es_settings(config: dict, seed: int, **overrides) -> dict:
@@ -89,16 +154,17 @@ def _grpo_settings(config: dict, seed: int, **overrides) -> dict:
 
 def run_spec(config: dict, task: str, run: str) -> RunSpec:
     """The spec of `run` on `task`; ValueError naming the run when it is not a valid name."""
-    if m := ES_RE.fullmatch(run):
-        n, seed = int(m["n"]), int(m["seed"])
-        norm, anti = m["norm"] or "zscore", bool(m["anti"])
+    name = parse_run_name(run)
+    seed = name.seed
+    if name.family == "es":
+        n, norm, anti = name.population, name.normalization, name.antithetic
         # Only the main run exports snapshots; other runs' settings (Snakemake params) carry no key
         snapshots = es_snapshots(config) if run == main_es_name(config, seed) else []
         settings = _es_settings(config, seed, population_size=n, normalization=norm, antithetic=anti,
                                 **({"snapshots": snapshots} if snapshots else {}))
         return RunSpec("es", settings, seed, labels={"population": n, "normalization": norm, "antithetic": anti})
-    if m := SNAPSHOT_RE.fullmatch(run):
-        n, it, seed = int(m["n"]), int(m["it"]), int(m["seed"])
+    if name.family == "snapshot":
+        n, it = name.population, name.iterations
         parent = es_name(n, seed)
         if parent != main_es_name(config, seed) or it not in es_snapshots(config):
             raise ValueError(f"run {run!r}: only the main ES run ({main_es_name(config, seed)}) exports "
@@ -106,36 +172,35 @@ def run_spec(config: dict, task: str, run: str) -> RunSpec:
         settings = {**_no_snapshots(run_spec(config, task, parent).settings), "iterations": it}
         return RunSpec("snapshot", settings, seed, init=(task, parent),
                        labels={"population": n, "iterations": it, "snapshot_of": parent})
-    if m := GRPO_RE.fullmatch(run):
-        g, seed = int(m["g"]), int(m["seed"])
-        return RunSpec("grpo", _grpo_settings(config, seed, num_generations=g), seed, labels={"group": g})
-    if m := SEQ_RE.fullmatch(run):
-        seed, first, second = int(m["seed"]), m["first"], m["second"]
+    if name.family == "grpo":
+        return RunSpec("grpo", _grpo_settings(config, seed, num_generations=name.group), seed,
+                       labels={"group": name.group})
+    if name.family == "sequential":
+        first, second = name.first, name.method
         if first == second:
             raise ValueError(f"run {run!r}: a sequential run needs two different methods")
-        init_run = main_es_name(config, seed) if first == "es" else main_grpo_name(config, seed)
-        spec = run_spec(config, task, main_es_name(config, seed) if second == "es" else main_grpo_name(config, seed))
-        return RunSpec(second, _no_snapshots(spec.settings), seed, init=(task, init_run),
+        spec = run_spec(config, task, main_name(config, second, seed))
+        return RunSpec(second, _no_snapshots(spec.settings), seed, init=(task, main_name(config, first, seed)),
                        labels={"sequence": f"{first}->{second}"})
-    if m := CL_RE.fullmatch(run):
-        method, seed, stage = m["method"], int(m["seed"]), int(m["stage"])
-        order = config["sequential"]["continual"]
-        if not 1 <= stage <= len(order):
-            raise ValueError(f"run {run!r}: stage {stage} outside 1..{len(order)} (sequential.continual)")
-        if order[stage - 1] != task:
-            raise ValueError(f"run {run!r}: stage {stage} trains on {order[stage - 1]!r}, not {task!r}")
-        main = main_es_name(config, seed) if method == "es" else main_grpo_name(config, seed)
-        spec = run_spec(config, task, main)
-        if stage == 1:
-            init = None
-        elif stage == 2:
-            init = (order[0], main)  # stage 1 is the main run (continual_stage_one)
-        else:
-            init = (order[stage - 2], f"cl_{method}-s{seed}-k{stage - 1}")
-        return RunSpec(method, _no_snapshots(spec.settings), seed, init=init, labels={"stage": stage})
-    raise ValueError(f"run {run!r} is not a run name; expected one of: es-n16-s0, es-n16-norm_rank-s0, "
-                     f"es-n16-anti-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2, "
-                     f"es-n16-it10-s0")
+    return _continual_spec(config, task, run, name)
+
+
+def _continual_spec(config: dict, task: str, run: str, name: RunName) -> RunSpec:
+    method, seed, stage = name.method, name.seed, name.stage
+    order = config["sequential"]["continual"]
+    if not 1 <= stage <= len(order):
+        raise ValueError(f"run {run!r}: stage {stage} outside 1..{len(order)} (sequential.continual)")
+    if order[stage - 1] != task:
+        raise ValueError(f"run {run!r}: stage {stage} trains on {order[stage - 1]!r}, not {task!r}")
+    main = main_name(config, method, seed)
+    spec = run_spec(config, task, main)
+    if stage == 1:
+        init = None
+    elif stage == 2:
+        init = (order[0], main)  # stage 1 is the main run (continual_stage_one)
+    else:
+        init = (order[stage - 2], continual_name(method, seed, stage - 1))
+    return RunSpec(method, _no_snapshots(spec.settings), seed, init=init, labels={"stage": stage})
 
 
 def _no_snapshots(settings: dict) -> dict:
@@ -167,14 +232,14 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
             runs += [(task, grpo_name(g, s)) for g in grpo["group_sizes"] for s in grpo["seeds"]]
     seq = config.get("sequential") or {}
     if es and grpo and seq.get("task") in tasks:
-        runs += [(seq["task"], f"{a}-then-{b}-s{s}") for a, b in (("es", "grpo"), ("grpo", "es"))
+        runs += [(seq["task"], sequential_name(a, b, s)) for a, b in (("es", "grpo"), ("grpo", "es"))
                  for s in es["seeds"]]
     for method in seq.get("continual_methods", []) if seq.get("continual") else []:
         if not (es if method == "es" else grpo):
             continue
         for s in (es if method == "es" else grpo)["seeds"]:
             runs.append(continual_stage_one(config, method, s)[:2])
-            runs += [(t, f"cl_{method}-s{s}-k{k}") for k, t in enumerate(seq["continual"], 1) if k >= 2]
+            runs += [(t, continual_name(method, s, k)) for k, t in enumerate(seq["continual"], 1) if k >= 2]
     seen, unique = set(), []
     for item in runs:
         if item not in seen:
@@ -187,5 +252,4 @@ def continual_stage_one(config: dict, method: str, seed: int) -> tuple[str, str,
     """(task, run, alias): the main run that is stage 1 of the continual sequence of `method` and
     `seed`, and the continual name tables give it (``cl_es-s0-k1``)."""
     order = config["sequential"]["continual"]
-    main = main_es_name(config, seed) if method == "es" else main_grpo_name(config, seed)
-    return order[0], main, f"cl_{method}-s{seed}-k1"
+    return order[0], main_name(config, method, seed), continual_name(method, seed, 1)

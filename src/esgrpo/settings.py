@@ -1,7 +1,7 @@
 """Trainer settings as dataclasses: building them from a config mapping and checking their fields.
 
-ESConfig and GRPOSettings share these so every bad value is reported the same way: the class,
-the field, what is allowed and what was given.
+ESConfig (`esgrpo.es_config`) and GRPOSettings (`esgrpo.grpo_settings`) share these so every bad
+value is reported the same way: the class, the field, what is allowed and what was given.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -24,6 +24,26 @@ def dataclass_from_dict(cls, d: Mapping[str, Any], label: str):
     if unknown:
         raise ValueError(f"unknown {label} setting(s) {unknown}; allowed: {sorted(known)}")
     return cls(**dict(d))
+
+
+class SettingsDataclass:
+    """What a trainer's settings dataclass shares: from/to a config mapping, and the settings that
+    decide the trajectory (all but `NOT_FINGERPRINTED`: those a run may change and still resume)."""
+
+    LABEL: ClassVar[str] = "settings"
+    NOT_FINGERPRINTED: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Self:
+        """Build from a plain mapping (a config section); unknown keys are an error, not ignored."""
+        return dataclass_from_dict(cls, d, cls.LABEL)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def trajectory_settings(self) -> dict[str, Any]:
+        """The settings that decide the weights a run reaches (its resume fingerprint)."""
+        return {k: v for k, v in self.to_dict().items() if k not in self.NOT_FINGERPRINTED}
 
 
 def is_real(value: Any) -> bool:

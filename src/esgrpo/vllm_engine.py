@@ -22,6 +22,10 @@ engine is built, so this module imports anywhere; the pure helpers below are tes
   ``max_num_batched_tokens`` above a call's prompt tokens (GPU builds are not affected).
 - Prompts are rendered with the tokenizer's chat template and passed as token ids (the template
   already holds BOS: letting vLLM tokenize the text would add a second one).
+- Context length: every engine of a job (evaluation, the ES pool, GRPO's colocated one) gets
+  ``max_model_len`` = longest prompt + max new tokens (`context_length`), never the model's own
+  context: vLLM sizes for max_model_len and refuses to start when one sequence of it does not fit
+  its KV cache (Qwen3-4B-Instruct-2507: 262,144 positions x 144 KiB per token ~ 36 GiB).
 """
 
 from __future__ import annotations
@@ -61,6 +65,39 @@ def sampling_kwargs(n: int, temperature: float, top_p: float, max_new_tokens: in
                               "logprobs": max(int(logprobs), 0)}
     if temperature > 0:
         kwargs["top_p"] = float(top_p)  # top_k stays vLLM's default (disabled), as in HFEngine
+    return kwargs
+
+
+def context_length(prompt_lengths: Iterable[int], max_new_tokens: int, max_model_len: int | None = None,
+                   max_prompt_tokens: int | None = None) -> int:
+    """The max_model_len of an engine for these prompts: prompt + completion, no more.
+
+    The prompt part is `max_prompt_tokens` (the config's limit) when given, else the longest prompt.
+    A given `max_model_len` (the resource plan's) is kept, after checking that the longest prompt
+    and a whole completion fit: vLLM would otherwise cut completions short without saying so.
+    """
+    longest = max((int(n) for n in prompt_lengths), default=0)
+    if max_prompt_tokens is not None and longest > int(max_prompt_tokens):
+        raise ValueError(f"a prompt of {longest} tokens is longer than max_prompt_tokens={max_prompt_tokens}")
+    if max_model_len is None:
+        return int(max_prompt_tokens if max_prompt_tokens is not None else longest) + int(max_new_tokens)
+    if longest + int(max_new_tokens) > int(max_model_len):
+        raise ValueError(f"max_model_len={max_model_len} cannot hold the longest prompt ({longest} tokens) and "
+                         f"max_new_tokens={max_new_tokens}; raise it (or the plan's prompt tokens for this task)")
+    return int(max_model_len)
+
+
+def engine_kwargs(engine: Mapping[str, Any], prompt_ids: Sequence[Sequence[int]],
+                  max_new_tokens: int) -> dict[str, Any]:
+    """A config's engine block as `vllm.LLM` arguments, with max_model_len set for these prompts.
+
+    The block's `max_prompt_tokens` (if any) is this project's setting, not vLLM's: it is taken out
+    and becomes the prompt part of max_model_len (`context_length`).
+    """
+    kwargs = dict(engine)
+    limit = kwargs.pop("max_prompt_tokens", None)
+    kwargs["max_model_len"] = context_length((len(ids) for ids in prompt_ids), max_new_tokens,
+                                             kwargs.get("max_model_len"), limit)
     return kwargs
 
 

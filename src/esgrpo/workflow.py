@@ -30,7 +30,7 @@ def run_stage(smk, stage: Callable[..., object]) -> None:
     from esgrpo.gpu_slots import gpu_slots
 
     threads = int(smk.threads or 1)
-    # More torch threads than cores is the biggest CPU trap here (CPU-FACTS.md): one per job. Stages
+    # More torch threads than cores is the biggest CPU trap here (docs/references.md): one per job. Stages
     # that need no torch (tables, figures, the ES norm theory) must not pay its ~4 s import here, so
     # the setting goes to an already imported torch and, through OMP_NUM_THREADS, to a later one.
     os.environ["OMP_NUM_THREADS"] = str(threads)

@@ -37,7 +37,8 @@ def fit_sq_norm_vs_t(
     n_members: int | None = None,
     d: int | float | None = None,
 ) -> dict[str, float]:
-    """Least-squares line ``sq_norm = slope * t + intercept``.
+    """Least-squares line ``sq_norm = slope * t + intercept`` (numpy.polyfit): the one fit of the norm
+    theory, of an ES run's logged norms (pipeline.theory) and of the paper tables (report.frames).
 
     Returns slope, intercept, r2 and ``slope_ratio_to_theory`` = slope / (alpha^2 d / N),
     which is NaN unless alpha, n_members and d are all given (1.0 means the theory holds).
@@ -48,10 +49,8 @@ def fit_sq_norm_vs_t(
         raise ValueError(f"t and sq_norm differ in length: {x.size} vs {y.size}")
     if x.size < 2 or np.ptp(x) == 0:
         raise ValueError("need at least two distinct t values")
-    xm, ym = x.mean(), y.mean()
-    sxx = float(((x - xm) ** 2).sum())
-    slope = float(((x - xm) * (y - ym)).sum()) / sxx
-    intercept = float(ym - slope * xm)
+    slope, intercept = (float(v) for v in np.polyfit(x, y, 1))
+    ym = y.mean()
     ss_res = float(((y - (slope * x + intercept)) ** 2).sum())
     ss_tot = float(((y - ym) ** 2).sum())
     if ss_tot > 0:

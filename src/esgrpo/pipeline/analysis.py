@@ -15,6 +15,7 @@ summary needs one) under ``results/analysis/{model}/``; the pure maths lives in
 | ``interpolation_stage``| ``interpolation/{task}/s{seed}.csv``+json  | (path, point, eval task)             |
 
 (*) in ``esgrpo.pipeline.theory``: it reads only metrics, so its jobs skip the torch import.
+Which analyses run, and their settings (the ``analysis:`` block): ``esgrpo.analysis.settings``.
 
 Conventions
 - theta0 is always the model's BASE checkpoint, also for sequential runs (es-then-grpo,
@@ -85,21 +86,6 @@ from esgrpo.models import load_model, prompt_texts
 from esgrpo.pipeline.data import load_rows
 from esgrpo.rollout import HFEngine
 
-ANALYSES = ("drift", "theory", "cosine", "sparsity", "kl", "interpolation")
-
-# The `analysis:` config block's defaults (schemas/config.schema.yaml declares the same).
-DEFAULTS: dict = {
-    "analyses": list(ANALYSES),
-    "sparsity_fractions": [1.0, 0.5, 0.25, 0.1, 0.05, 0.02, 0.0],
-    "interpolation_steps": 11,
-    "scan_multiples": [-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0],
-    "random_direction_seed": 0,
-    "eval": {"n_samples": 8, "test_size": 64, "greedy": True},
-    "interpolation_eval": {},  # overrides of `eval` for the interpolation/scan points only
-    "kl": {"n_prompts": 32, "samples_per_prompt": 4, "temperature": 1.0, "top_p": 1.0,
-           "max_new_tokens": None, "seed": 0, "batch_size": 16},
-}
-
 F64_LIMIT = 200_000_000  # parameters; above it deltas are float32
 
 DRIFT_COLUMNS = ["model", "task", "run", "method", "name", "module_type", "layer", "numel", "l2", "base_l2",
@@ -112,32 +98,6 @@ KL_COLUMNS = ["eval_task", "token_mean", "prompt_mean", "sequence_mean", "n_toke
               "model", "task", "run", "method"]
 INTERPOLATION_COLUMNS = ["path", "lam", "step", "eval_task", "greedy", "mean@n", "pass@1", "pass@kmax",
                          "n_samples", "n_prompts", "model", "task", "seed"]
-
-
-# --------------------------------------------------------------------------- config
-
-
-def analysis_config(config: Mapping) -> dict:
-    """The config's `analysis:` block over DEFAULTS (nested blocks `eval`, `kl` merged key by key)."""
-    given = dict(config.get("analysis") or {})
-    out = {**DEFAULTS, **given}
-    for block in ("eval", "kl"):
-        out[block] = {**DEFAULTS[block], **(given.get(block) or {})}
-    unknown = set(out["analyses"]) - set(ANALYSES)
-    if unknown:
-        raise ValueError(f"analysis.analyses: unknown {sorted(unknown)}; allowed: {list(ANALYSES)}")
-    return out
-
-
-def analysis_eval_settings(model_eval: Mapping, analysis_eval: Mapping) -> dict:
-    """The eval block an analysis evaluates with: the model's eval settings, overridden by
-    `analysis.eval` (fewer samples and prompts by default), ks = {1, n_samples}."""
-    cfg = {**model_eval, **analysis_eval}
-    cfg.pop("backend", None)  # analyses move weights in a transformers model: always the HF engine
-    cfg.pop("engine", None)
-    n = int(cfg.get("n_samples", 8))
-    cfg["ks"] = sorted({1, n})
-    return cfg
 
 
 # --------------------------------------------------------------------------- loading

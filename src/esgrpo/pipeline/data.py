@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from esgrpo.io import read_jsonl, write_json, write_jsonl
 from esgrpo.provenance import provenance
-from esgrpo.tasks.base import get_task
+from esgrpo.tasks.registry import get_task
 
 
 def prepare_task(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:

@@ -19,13 +19,19 @@ from esgrpo.rollout import HFEngine
 ENGINE_KEYS = ("backend", "batch_size", "dtype", "device", "engine")
 
 
-def make_engine(model_ref: str, settings: dict):
-    """The rollout engine a config asks for, over the model at `model_ref`."""
+def make_engine(model_ref: str, settings: dict, rows: list[dict], max_new_tokens: int):
+    """The rollout engine a config asks for, over the model at `model_ref`, for generating up to
+    `max_new_tokens` after the prompts of `rows` (a vLLM engine's max_model_len: the longest prompt,
+    or the engine block's max_prompt_tokens, + max_new_tokens; `esgrpo.vllm_engine.context_length`)."""
     backend = settings.get("backend", "hf")
     if backend == "vllm":
-        from esgrpo.vllm_engine import VLLMEngine
+        from transformers import AutoTokenizer
 
-        return VLLMEngine(model_ref, dtype=settings.get("dtype", "bfloat16"), **dict(settings.get("engine") or {}))
+        from esgrpo.vllm_engine import VLLMEngine, engine_kwargs, prompt_token_ids
+
+        ids = prompt_token_ids(AutoTokenizer.from_pretrained(model_ref), rows)
+        return VLLMEngine(model_ref, dtype=settings.get("dtype", "bfloat16"),
+                          **engine_kwargs(settings.get("engine") or {}, ids, max_new_tokens))
     model, tokenizer = load_model(model_ref, dtype=settings.get("dtype", "float32"),
                                   device=settings.get("device", "cpu"))
     return HFEngine(model, tokenizer, batch_size=int(settings.get("batch_size", 256)))
@@ -41,11 +47,12 @@ def split_eval_settings(eval_cfg: dict) -> tuple[EvalSettings, dict, int | None]
 
 def evaluate_checkpoint(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
     settings, engine_cfg, limit = split_eval_settings(params["eval"])
-    engine = make_engine(params["model"], engine_cfg)
+    task_rows = [load_rows(path, limit) for path in input["test"]]
+    every_row = [row for rows in task_rows for row in rows]
+    engine = make_engine(params["model"], engine_cfg, every_row, settings.max_new_tokens)
     summaries, prompt_rows = [], []
-    for task, test_path, info_path in zip(params["eval_tasks"], input["test"], input["info"], strict=True):
+    for task, rows, info_path in zip(params["eval_tasks"], task_rows, input["info"], strict=True):
         started = time.time()
-        rows = load_rows(test_path, limit)
         summary, per_prompt = evaluate_rows(engine, rows, read_json(info_path)["verifier"], settings)
         summary.update({"model": wildcards["model"], "run": params["run"], "train_task": params["train_task"],
                         "eval_task": task, "checkpoint": params["model"], "seconds": time.time() - started})

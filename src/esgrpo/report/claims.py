@@ -1,4 +1,4 @@
-"""A small claims engine: each paper claim becomes a comparison judged from a confidence interval.
+"""The claims of papers A and B, each judged from the analogue this pipeline measures.
 
 A claim compares a metric's estimate with a ``threshold`` (usually 0 for a difference such as
 "ES - GRPO Pass@32") allowing a non-negative ``margin``. With the CI ``[lo, hi]``:
@@ -14,18 +14,32 @@ Everything else is "inconclusive" (the CI straddles the bound), as is any NaN in
 ``>`` with margin asks for a superiority of more than ``margin``; ``>=`` / ``<=`` are
 non-inferiority tests ("not worse by more than margin"); ``~=0`` is an equivalence test
 ("within +-margin of threshold"), which can only hold when the CI is narrower than 2*margin.
+
+``CLAIMS`` (read from ``claims.yaml`` next to this file) is every checkable finding of the two
+papers: the list of questions and the tolerance each one is asked with, nothing measured. The
+estimates and their 95% bootstrap CIs come from :mod:`esgrpo.report.claim_estimates`, which also
+writes ``results/tables/claims.*``.
+
+``{k}``, ``{k1}`` and ``{k2}`` in a statement or metric are filled with the Pass@k values the
+evaluation actually has (paper B uses 16 and 32; a CI config with n = 8 uses 4 and 8).
+Margins are tolerances at toy scale, chosen before looking at results:
+
+- equivalence (``~=0``) claims: ``margin`` is the largest difference still called "the same";
+- non-inferiority (``>=``) claims: ``margin`` is the largest shortfall still called "not worse".
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import yaml
 
-__all__ = ["Claim", "COMPARISONS", "VERDICTS", "verdict", "claims_table"]
+__all__ = ["CLAIMS", "Claim", "COMPARISONS", "VERDICTS", "claims_table", "fill_pass_at_k", "load_claims", "verdict"]
 
 COMPARISONS = (">", ">=", "<", "<=", "~=0")
 VERDICTS = ("holds", "does not hold", "inconclusive")
@@ -48,6 +62,11 @@ class Claim:
             raise ValueError(f"comparison must be one of {COMPARISONS}, got {self.comparison!r}")
         if not self.margin >= 0:
             raise ValueError(f"margin must be >= 0, got {self.margin}")
+
+
+def fill_pass_at_k(claim: Claim, **ks: int) -> Claim:
+    """The claim with ``{k}``, ``{k1}``, ``{k2}`` in its statement and metric filled in."""
+    return replace(claim, statement=claim.statement.format(**ks), metric=claim.metric.format(**ks))
 
 
 def verdict(estimate: float, lo: float, hi: float, claim: Claim) -> str:
@@ -112,3 +131,16 @@ def claims_table(rows: Iterable[Mapping[str, Any] | tuple]) -> pd.DataFrame:
     ]
     cols = list(dict.fromkeys(cols)) + ["estimate", "lo", "hi", "verdict"]
     return pd.DataFrame(out, columns=cols)
+
+
+CATALOG = Path(__file__).with_name("claims.yaml")
+
+
+def load_claims(path: Path = CATALOG) -> tuple[Claim, ...]:
+    """The claims of a catalog file (id -> paper, statement, metric, comparison, threshold, margin)."""
+    entries = yaml.safe_load(path.read_text())
+    return tuple(Claim(claim_id, str(e["paper"]), e["statement"], e["metric"], e["comparison"],
+                       float(e.get("threshold", 0.0)), float(e.get("margin", 0.0))) for claim_id, e in entries.items())
+
+
+CLAIMS = load_claims()

@@ -1,0 +1,281 @@
+"""The plan of a whole config: one JobSpec per job the workflow runs, and plan.csv / plan.md.
+
+Jobs come from the same place as the workflow's: `esgrpo.runs.planned_runs` and `run_spec` for
+training and evaluation; analysis jobs from their output paths (the rules' analysis targets).
+What the config does not say (the GPU type, ES engines per job, prompt lengths) comes from
+`PlanSettings`, read from an optional `plan:` block of the config.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from esgrpo.plan.architecture import Architecture, PlanError, architecture_for
+from esgrpo.plan.jobs import JobPlan, JobSpec, plan_job
+from esgrpo.plan.memory import GIB
+
+# Longest prompt, in tokens, chat template and system prompt included: estimates from the tasks'
+# sources (MATH and BoolQ passages run to a few hundred tokens; the offline tasks are one line).
+# vLLM refuses a prompt longer than max_model_len, so these err long; `plan.prompt_tokens`
+# overrides them per task.
+PROMPT_TOKENS = {"countdown": 256, "math": 512, "chemistry": 512, "boolq": 512, "gsm8k": 384,
+                 "deepscaler": 512, "countdown3": 64, "leg_count": 64, "sum_choice": 64, "sum_yesno": 64}
+DEFAULT_PROMPT_TOKENS = 1024
+# Test rows the Hub loaders give when the config's test_size is null (esgrpo.tasks.hub: paper sizes).
+TEST_ROWS = {"countdown": 2000, "math": 500, "chemistry": 2000, "boolq": 2000, "gsm8k": 1319}
+DEFAULT_TEST_ROWS = 500
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What the plan needs beyond the config. gpu_type: the GPU the SLURM profile asks for;
+    es_gpus: vLLM engines (GPUs) per ES job when `es.engine.num_engines` is not set;
+    grpo_gpus: None lets the plan pick the fewest GPUs that fit."""
+
+    gpu_type: str = "h200"
+    es_gpus: int = 4
+    grpo_gpus: int | None = None
+    prompt_tokens: dict[str, int] = field(default_factory=dict)
+    results: str = "results"
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], **overrides: Any) -> PlanSettings:
+        block = dict(config.get("plan") or {})
+        block.update(overrides)
+        return cls(**block)
+
+    def prompt_tokens_of(self, task: str) -> int:
+        return int(self.prompt_tokens.get(task, PROMPT_TOKENS.get(task, DEFAULT_PROMPT_TOKENS)))
+
+
+def _test_rows(config: dict[str, Any], task: str, limit: int | None) -> int:
+    own = (config["tasks"].get(task) or {}).get("test_size")
+    rows = int(own) if own else TEST_ROWS.get(task, DEFAULT_TEST_ROWS)
+    return min(rows, int(limit)) if limit else rows
+
+
+def eval_params(config: dict[str, Any], model: str) -> dict[str, Any]:
+    """The global eval block overridden per model (as rules/common.smk's eval_params)."""
+    return {**(config.get("eval") or {}), **(config["models"][model].get("eval") or {})}
+
+
+# --------------------------------------------------------------------------- one job
+
+
+def train_job(config: dict[str, Any], model: str, task: str, run: str, arch: Architecture,
+              settings: PlanSettings) -> JobSpec | None:
+    """The train_run job of (model, task, run); None for a snapshot run (exported, not trained)."""
+    from esgrpo.runs import run_spec
+
+    spec = run_spec(config, task, run)
+    s = spec.settings
+    common = dict(rule="train_run", model=model, task=task, run=run, architecture=arch,
+                  gpu_type=settings.gpu_type, prompt_tokens=settings.prompt_tokens_of(task),
+                  new_tokens=int(s["max_new_tokens"]))
+    if spec.method == "es":
+        es = config.get("es") or {}
+        engine = es.get("engine") or {}
+        on_vllm = es.get("backend", "hf") == "vllm"
+        return JobSpec(**common, method="es", device="cuda" if on_vllm else "cpu",
+                       backend="vllm" if on_vllm else "hf",
+                       gpus=int(engine.get("num_engines") or settings.es_gpus) if on_vllm else None,
+                       weight_dtype=engine.get("dtype", "bfloat16") if on_vllm else "float32",
+                       iterations=int(s["iterations"]), population=int(s["population_size"]),
+                       prompts=int(s.get("prompts_per_iteration") or 64))
+    if spec.method == "grpo":
+        on_gpu = bool(s.get("use_vllm") or s.get("bf16"))
+        completions = int(s["prompts_per_step"]) * int(s["num_generations"])
+        return JobSpec(**common, method="grpo", device="cuda" if on_gpu else "cpu",
+                       backend="vllm" if s.get("use_vllm") else "hf", gpus=settings.grpo_gpus if on_gpu else None,
+                       weight_dtype="bfloat16" if on_gpu else "float32", iterations=int(s["steps"]),
+                       prompts=int(s["prompts_per_step"]), samples=int(s["num_generations"]),
+                       checkpointing=on_gpu,
+                       micro_batch=None if on_gpu else completions // int(s.get("gradient_accumulation_steps", 1)))
+    return None
+
+
+def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Architecture,
+             settings: PlanSettings) -> JobSpec:
+    """eval_base (run "base") or eval_run: every eval task of the model, n samples + greedy each."""
+    from esgrpo.config import model_eval_tasks
+
+    ev = eval_params(config, model)
+    tasks = model_eval_tasks(config, model)
+    prompts = sum(_test_rows(config, t, ev.get("test_size")) for t in tasks)
+    on_vllm = ev.get("backend", "hf") == "vllm"
+    on_gpu = on_vllm or str(ev.get("device", "cpu")).startswith("cuda")
+    return JobSpec(rule="eval_base" if run == "base" else "eval_run", model=model, task=task, run=run,
+                   method="eval", architecture=arch, device="cuda" if on_gpu else "cpu",
+                   gpu_type=settings.gpu_type, gpus=1, backend="vllm" if on_vllm else "hf",
+                   weight_dtype=ev.get("dtype", "bfloat16" if on_gpu else "float32"),
+                   prompts=prompts, samples=int(ev.get("n_samples", 32)) + (1 if ev.get("greedy", True) else 0),
+                   prompt_tokens=max(settings.prompt_tokens_of(t) for t in tasks),
+                   new_tokens=int(ev.get("max_new_tokens", 24)), eval_batch=int(ev.get("batch_size", 256)))
+
+
+def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings: PlanSettings) -> JobSpec | None:
+    """The job writing analysis output `path` (results/analysis/{model}/{kind}/{task}/{name}.csv);
+    None for the outputs that are not a job of their own (a .json beside a .csv)."""
+    from esgrpo.analysis.settings import analysis_config
+
+    parts = Path(path).parts
+    if not path.endswith(".csv") and "base_samples" not in parts:
+        return None
+    model, kind, task, name = parts[-4], parts[-3], parts[-2], Path(parts[-1]).stem
+    analysis = analysis_config(config)
+    base = eval_job(config, model, task, name, arch, settings)
+    ev = {**eval_params(config, model), **(analysis.get("eval") or {})}
+    samples = int(ev.get("n_samples", 8)) + (1 if ev.get("greedy", True) else 0)
+    prompts = base.prompts if not ev.get("test_size") else min(base.prompts, int(ev["test_size"]))
+    rule = f"analysis_{kind}"
+    if kind in ("drift", "cosine", "theory"):
+        return replace(base, rule=rule, method="compare", device="cpu", copies={"drift": 3, "cosine": 4}.get(kind, 0))
+    gpu_eval = dict(rule=rule, backend="hf", samples=samples, copies=3)
+    if kind == "sparsity":
+        return replace(base, **gpu_eval, prompts=prompts * len(analysis["sparsity_fractions"]))
+    if kind == "interpolation":  # 3 paths x steps + 3 direction scans x multiples (shared points counted)
+        ev = {**ev, **(analysis.get("interpolation_eval") or {})}
+        prompts = base.prompts if not ev.get("test_size") else min(base.prompts, int(ev["test_size"]))
+        points = 3 * int(analysis["interpolation_steps"]) + 3 * len(analysis.get("scan_multiples") or [])
+        return replace(base, **{**gpu_eval, "copies": 5}, prompts=prompts * points)
+    kl = analysis["kl"]
+    return replace(base, rule=rule, method="score", prompts=int(kl["n_prompts"]),
+                   samples=int(kl["samples_per_prompt"]), eval_batch=int(kl.get("batch_size", 16)), copies=2)
+
+
+def config_jobs(config: dict[str, Any], settings: PlanSettings | None = None,
+                analysis_targets: list[str] | tuple[str, ...] = ()) -> list[JobSpec]:
+    """Every training, evaluation and (given their output paths) analysis job of `config`."""
+    from esgrpo.runs import planned_runs
+
+    settings = settings or PlanSettings.from_config(config)
+    jobs: list[JobSpec] = []
+    archs = {m: architecture_for(config, m, settings.results) for m in config["models"]}
+    for model, arch in archs.items():
+        runs = planned_runs(config, model)
+        jobs += [j for t, r in runs if (j := train_job(config, model, t, r, arch, settings)) is not None]
+        jobs.append(eval_job(config, model, "base", "base", arch, settings))
+        jobs += [eval_job(config, model, t, r, arch, settings) for t, r in runs]
+    for path in analysis_targets:
+        model = Path(path).parts[-4]
+        if model in archs and (job := analysis_job(config, path, archs[model], settings)) is not None:
+            jobs.append(job)
+    return jobs
+
+
+def plan_config(config: dict[str, Any], settings: PlanSettings | None = None,
+                analysis_targets: list[str] | tuple[str, ...] = ()) -> list[JobPlan]:
+    """The plan of every job; PlanError listing every job that cannot fit (not just the first)."""
+    return Planner(config, settings, analysis_targets).all()
+
+
+class Planner:
+    """The plan of one config for the rules: every job planned once, looked up by its wildcards.
+
+        planner = Planner(config, PlanSettings.from_config(config), analysis_targets=ALL_ANALYSIS_TARGETS)
+        planner.check()                                   # at parse time: PlanError naming every misfit
+        planner.plan("train_run", model, task, run)       # a JobPlan (eval_base: task = run = "base";
+                                                          #   analyses: their rule, task, and run or "s{seed}")
+        planner.resources("train_run", model, task, run)  # mem_mb, runtime, gpu, gpu_model
+        planner.write("results/plan.csv", "results/plan.md")
+    """
+
+    def __init__(self, config: dict[str, Any], settings: PlanSettings | None = None,
+                 analysis_targets: list[str] | tuple[str, ...] = ()):
+        self.config = config
+        self.settings = settings or PlanSettings.from_config(config)
+        self.jobs = {(j.rule, j.model, j.task, j.run): j
+                     for j in config_jobs(config, self.settings, analysis_targets)}
+        self._plans: dict[tuple[str, str, str, str], JobPlan] = {}
+
+    def plan(self, rule: str, model: str, task: str, run: str) -> JobPlan:
+        key = (rule, model, task, run)
+        if key not in self._plans:
+            if key not in self.jobs:
+                raise PlanError(f"no planned job {rule} {model}/{task}/{run} in this config")
+            self._plans[key] = plan_job(self.jobs[key])
+        return self._plans[key]
+
+    def resources(self, rule: str, model: str, task: str, run: str) -> dict[str, object]:
+        return self.plan(rule, model, task, run).resources()
+
+    def all(self) -> list[JobPlan]:
+        """Every job's plan; PlanError listing every job that cannot fit (not just the first)."""
+        plans, errors = [], []
+        for key in self.jobs:
+            try:
+                plans.append(self.plan(*key))
+            except PlanError as err:
+                errors.append(str(err))
+        if errors:
+            raise PlanError(f"{len(errors)} job(s) cannot fit:\n" + "\n".join(errors))
+        return plans
+
+    def check(self) -> None:
+        self.all()
+
+    def write(self, csv_path: str | Path, md_path: str | Path | None = None) -> None:
+        write_plan(self.all(), csv_path, md_path)
+
+
+# --------------------------------------------------------------------------- plan.csv / plan.md
+
+COLUMNS = ("rule", "model", "task", "run", "method", "iterations", "gpus", "gpu_type", "gpu_mem_gib",
+           "gpu_avail_gib", "host_mem_gib", "mem_mb", "runtime_h", "slurm_minutes", "gpu_hours",
+           "micro_batch", "grad_accum", "sharding", "vllm_util", "vllm_max_len", "vllm_concurrency", "largest_terms")
+
+
+def plan_row(plan: JobPlan) -> dict[str, Any]:
+    j, gm = plan.job, plan.gpu_memory
+    return {
+        "rule": j.rule, "model": j.model, "task": j.task, "run": j.run, "method": j.method,
+        "iterations": j.iterations if j.method in ("es", "grpo") else "",
+        "gpus": plan.gpus, "gpu_type": j.gpu_type if gm else "",
+        "gpu_mem_gib": round(gm.total / GIB, 1) if gm else "", "gpu_avail_gib": round(plan.gpu_available / GIB, 1) if gm else "",
+        "host_mem_gib": round(plan.host_memory.total / GIB, 1), "mem_mb": plan.mem_mb,
+        "runtime_h": round(plan.runtime_s / 3600, 2), "slurm_minutes": plan.runtime_minutes,
+        "gpu_hours": round(plan.gpu_hours, 2),
+        "micro_batch": plan.micro_batch or "", "grad_accum": plan.grad_accum or "", "sharding": plan.sharding,
+        "vllm_util": plan.vllm_gpu_memory_utilization or "", "vllm_max_len": plan.vllm_max_model_len or "",
+        "vllm_concurrency": plan.vllm_concurrency or "",
+        "largest_terms": (gm or plan.host_memory).describe(3),
+    }
+
+
+def gpu_hours_by_rule(plans: list[JobPlan]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for plan in plans:
+        key = f"{plan.job.rule} ({plan.job.method})"
+        out[key] = out.get(key, 0.0) + plan.gpu_hours
+    return out
+
+
+def write_plan(plans: list[JobPlan], csv_path: str | Path, md_path: str | Path | None = None) -> None:
+    rows = [plan_row(p) for p in plans]
+    csv_path = Path(csv_path)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with csv_path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    if md_path is None:
+        return
+    shown = ("rule", "model", "task", "run", "method", "iterations", "gpus", "gpu_mem_gib", "gpu_avail_gib",
+             "host_mem_gib", "runtime_h", "gpu_hours")
+    lines = ["| " + " | ".join(shown) + " |", "|" + "---|" * len(shown)]
+    lines += ["| " + " | ".join(str(r[c]) for c in shown) + " |" for r in rows]
+    total = sum(p.gpu_hours for p in plans)
+    lines += ["", "| GPU-hours by rule | |", "|---|---|"]
+    lines += [f"| {k} | {v:.1f} |" for k, v in sorted(gpu_hours_by_rule(plans).items())]
+    lines += [f"| **total** | **{total:.1f}** |", "",
+              "Runtimes cost every completion at its max_new_tokens (an upper bound); GPU memory is per GPU; "
+              "see esgrpo/plan for every constant."]
+    Path(md_path).write_text("\n".join(lines) + "\n")
+
+
+def total_gpu_hours(plans: list[JobPlan]) -> float:
+    return math.fsum(p.gpu_hours for p in plans)

@@ -1,0 +1,136 @@
+"""Host memory (RSS) of a job, phase by phase: what `mem_mb` must cover.
+
+The CPU terms (transformers backend, no vLLM) are checked against measured peaks by
+`benchmarks/plan_memory.py` and `tests/test_plan.py`; the GPU-job terms (CUDA libraries, vLLM
+processes, host copies next to GPU training) are estimates until run on a GPU node.
+"""
+
+from __future__ import annotations
+
+from esgrpo.plan.architecture import Architecture, dtype_bytes
+from esgrpo.plan.memory import GIB, MIB, hf_generation, population_generation, training_activations
+
+# Resident memory of a trainer process before it loads a model: Python, torch, transformers and the
+# project's modules. Measured on this project's CPU machines (torch 2.13 CPU, transformers 5.24,
+# TRL 1.16) as the peak RSS of importing what each job imports (`benchmarks/plan_memory.py
+# --imports`): ES 516 MB, GRPO (with TRL's GRPOTrainer) 550 MB, evaluation 516 MB. TRL's trainer
+# set-up adds ~2 MB more (measured on the tiny model); the comparison analyses import as evaluation does.
+PROCESS_BASE = {"es": 516 * 10**6, "grpo": 550 * 10**6, "eval": 516 * 10**6, "compare": 516 * 10**6}
+# A process that initialises CUDA maps the CUDA, cuBLAS and cuDNN libraries: ~1.5-2 GiB of RSS
+# (estimate; the GPU smoke script prints it).
+CUDA_LIBRARIES_BYTES = 2 * GIB
+# One vLLM engine's host processes (the V1 front end and its EngineCore, each with torch and CUDA
+# loaded; with Ray a worker as well): estimate.
+VLLM_ENGINE_PROCESS_BYTES = 4 * GIB
+
+
+def _largest_tensor(arch: Architecture) -> int:
+    """Elements of the largest parameter: the embedding, or an MLP matrix in a small-vocabulary model."""
+    return max(arch.embedding_parameters, arch.hidden_size * arch.intermediate_size)
+
+
+def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: int,
+           weight_dtype: str = "float32") -> dict[str, dict[str, int]]:
+    """Phases of `esgrpo.es.train_es` on the transformers backend, everything in host memory.
+
+    `esgrpo.hf_es.HFESBackend` keeps the model, the fp32 starting point theta0 and the fp32
+    master theta (two clones); an iteration adds the population (`memory.population_generation`);
+    the update (`esgrpo.es_ops.apply_update`) works one tensor at a time: its fp32 step, a noise
+    draw, and the float64 square for the norm. Loading maps the checkpoint file while the model is built.
+    """
+    p = arch.parameters
+    width = dtype_bytes(weight_dtype)
+    base = {"process (Python, torch, transformers)": PROCESS_BASE["es"], "model weights": p * width,
+            "theta0 and theta (fp32)": 2 * p * 4}
+    return {
+        "load": {**{k: v for k, v in base.items() if k != "theta0 and theta (fp32)"},
+                 "checkpoint file (mapped)": p * 4},
+        "generate": {**base, **population_generation(arch, members, prompts, prompt, new, width)},
+        "update": {**base, "update of one tensor (step, noise, float64 square)": 16 * _largest_tensor(arch)},
+    }
+
+
+def grpo_cpu(arch: Architecture, *, completions: int, micro_batch: int, prompt: int,
+             new: int) -> dict[str, dict[str, int]]:
+    """Phases of `esgrpo.grpo.train_grpo` (TRL, fp32, no checkpointing, as it runs on a CPU).
+
+    Steady state (from the second step on): the model, AdamW's two moments (allocated at the
+    first optimiser step), and the metrics callback's fp32 theta0 copy; generation adds
+    transformers' generate over all the step's completions at once (TRL's generation batch);
+    the backward adds the gradients and one micro-batch's activations (with scores: CPU
+    attention keeps its probabilities); the optimiser step adds the callback's pre-step copy.
+    transformers 5 trains with torch's fused AdamW (`adamw_torch_fused`, its default from torch
+    2.8 on: transformers/training_args.py), which updates in place without temporaries.
+    """
+    p = arch.parameters
+    steady = {"process (Python, torch, TRL)": PROCESS_BASE["grpo"],
+              "model weights (fp32)": 4 * p, "AdamW moments (fp32)": 8 * p, "callback theta0 (fp32)": 4 * p}
+    activations = training_activations(arch, micro_batch, prompt + new, checkpointing=False, act_bytes=4,
+                                       residual_bytes=4, scores=True, triton=False)
+    return {
+        "load": {"process (Python, torch, TRL)": PROCESS_BASE["grpo"], "model weights (fp32)": 4 * p,
+                 "checkpoint file (mapped)": 4 * p},
+        "generate": {**steady, **hf_generation(arch, completions, prompt, new, 4)},
+        "backward": {**steady, "gradients (fp32)": 4 * p, **activations},
+        "optimizer": {**steady, "gradients (fp32)": 4 * p, "callback pre-step copy (fp32)": 4 * p},
+    }
+
+
+def eval_cpu(arch: Architecture, *, batch: int, prompt: int, new: int, weight_dtype: str) -> dict[str, dict[str, int]]:
+    """`esgrpo.rollout.HFEngine`: generate with output_logits keeps every step's [batch, vocab] fp32
+    logits (for the entropies) until the batch ends."""
+    width = dtype_bytes(weight_dtype)
+    return {"generate": {"process (Python, torch, transformers)": PROCESS_BASE["eval"],
+                         "model weights": arch.parameters * width,
+                         **hf_generation(arch, batch, prompt, new, width),
+                         "kept logits (output_logits)": batch * new * arch.vocab_size * 4}}
+
+
+def compare_cpu(arch: Architecture, copies: int) -> dict[str, dict[str, int]]:
+    """Analyses that compare checkpoints (drift, cosine, theory): `copies` fp32 models side by side."""
+    return {"compare": {"process (Python, torch, transformers)": PROCESS_BASE["compare"],
+                        f"{copies} fp32 copies of the model": copies * 4 * arch.parameters}}
+
+
+def gpu_job_host(arch: Architecture, method: str, *, processes: int, engines: int) -> dict[str, dict[str, int]]:
+    """Host memory of a GPU job (estimates: nothing here was measured on a GPU node).
+
+    grpo: every training process loads the fp32 model on the host before it moves to its GPU or
+    is sharded (`esgrpo.distributed.load_policy`); rank 0 keeps the metrics callback's two fp32
+    copies (theta0 and the pre-step copy, `esgrpo.distributed.host_copy`) and assembles the fp32
+    export. es (vLLM): one host fp32 master per job (issue 12, item 4), the vLLM engine processes,
+    the fp32 state dict of an export. eval: the engine's processes and the weights being loaded.
+    """
+    p = arch.parameters
+    cuda_process = PROCESS_BASE.get(method, PROCESS_BASE["eval"]) + CUDA_LIBRARIES_BYTES
+    if method == "grpo":
+        return {
+            "load": {"processes (Python, torch, CUDA)": processes * cuda_process,
+                     "fp32 model being loaded (per process)": processes * 4 * p},
+            "train": {"processes (Python, torch, CUDA)": processes * cuda_process,
+                      "callback theta0 + pre-step copies (fp32, rank 0)": 8 * p,
+                      "export (fp32 state dict, rank 0)": 4 * p},
+        }
+    if method == "es":
+        return {"train": {"driver process": PROCESS_BASE["es"] + CUDA_LIBRARIES_BYTES,
+                          "vLLM engine processes": engines * VLLM_ENGINE_PROCESS_BYTES,
+                          "fp32 master (one per job)": 4 * p, "export (fp32 state dict)": 4 * p}}
+    return {"generate": {"process (Python, torch, CUDA)": cuda_process,
+                         "vLLM engine processes": engines * VLLM_ENGINE_PROCESS_BYTES,
+                         "weights being loaded": 4 * p}}
+
+
+def es_gpu_hf_host(arch: Architecture, weight_dtype: str) -> dict[str, dict[str, int]]:
+    """ES on the transformers backend on a GPU (the smoke script): the model is loaded on the host
+    before it moves to the GPU, and a checkpoint copies theta to the host (`es._save_tensors`)."""
+    p = arch.parameters
+    base = PROCESS_BASE["es"] + CUDA_LIBRARIES_BYTES
+    return {"load": {"process (Python, torch, CUDA)": base, "model being loaded": p * dtype_bytes(weight_dtype),
+                     "checkpoint file (mapped)": p * dtype_bytes(weight_dtype)},
+            "checkpoint": {"process (Python, torch, CUDA)": base, "theta on the host (fp32)": 4 * p}}
+
+
+def mem_mb(total_bytes: int, margin: float = 0.15) -> int:
+    """`mem_mb` for Snakemake/SLURM (SLURM reads M as MiB): the peak plus a margin, rounded up to 100."""
+    mib = total_bytes * (1 + margin) / MIB
+    return int(-(-mib // 100) * 100)

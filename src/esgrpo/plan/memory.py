@@ -1,0 +1,247 @@
+"""Memory of one job, term by term: what each process holds at its peak, on the GPU and on the host.
+
+Every term is a named number of bytes, so a plan row can say where a job's memory goes. A
+job's peak is the largest of its phases (loading, generating, training, the optimiser step,
+exporting); the functions here return the terms of one phase, `peak` picks the largest.
+
+The constants below say where they come from. "Measured" ones were measured on this
+project's CPU machines with `benchmarks/plan_memory.py`; "estimate" ones could not be measured
+without a GPU and are what `scripts/gpu_smoke.sh` prints next to its measurements.
+Nothing here imports torch: the Snakemake DAG parse reads this module.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from esgrpo.plan.architecture import Architecture, dtype_bytes
+
+GIB = 2**30
+MIB = 2**20
+
+# --------------------------------------------------------------------------- training state
+
+# Full fine-tuning with AdamW in mixed precision holds 16 bytes per parameter: 2 (bf16 weights)
+# + 2 (bf16 gradients) + 12 (fp32 master weights and the two fp32 moments), the "2+2+K, K=12" of
+# Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+# sec. 3.1. fp32 weights + fp32 gradients + two fp32 moments (autocast over an fp32 model, as
+# transformers' Trainer does with bf16=True) is also 4 + 4 + 8 = 16.
+TRAINING_STATE_BYTES_PER_PARAM = 16
+# ZeRO-3 gathers parameters layer by layer for the forward and backward; DeepSpeed's default
+# `stage3_max_live_parameters` (DeepSpeed config docs, ZeRO section) bounds them to 1e9 elements
+# resident at once, held in bf16.
+ZERO3_MAX_LIVE_PARAMETERS = 1_000_000_000
+# TRL 1.16 computes per-token log-probs through a fused LM head in tiles of 4,096 tokens x 32,768
+# vocabulary columns (trl/kernels/chunked_logprob.py, TOKEN_CHUNK_SIZE and
+# trl/trainer/utils.py, _CHUNKED_LOGPROB_CHUNK_SIZE): the full logits are never materialised.
+TRL_LOGPROB_TOKENS = 4096
+TRL_LOGPROB_VOCAB = 32768
+
+# --------------------------------------------------------------------------- processes (estimates)
+
+# A CUDA process: context, cuBLAS/cuDNN workspaces, and the caching allocator's rounding. The
+# CUDA context alone is a few hundred MiB on Hopper; 1 GiB covers it with the workspaces (estimate).
+CUDA_PROCESS_BYTES = 1 * GIB
+# NCCL communicators and buffers of a process in a multi-GPU job (estimate).
+NCCL_BYTES = GIB // 2
+# Fragmentation of PyTorch's caching allocator under changing sequence lengths: a share of the
+# tensors a process holds (estimate; `expandable_segments` lowers it).
+ALLOCATOR_SLACK = 0.05
+
+# --------------------------------------------------------------------------- vLLM
+
+# vLLM's KV cache is allocated in blocks of 16 tokens (vLLM EngineArgs block_size default).
+VLLM_BLOCK_TOKENS = 16
+# Tokens of one scheduler step, which bounds vLLM's profiled activation peak: TRL's colocated
+# engine passes max_num_batched_tokens=4096 (trl/generation/vllm_generation.py); a plain
+# `vllm.LLM` takes 16,384 on GPUs of >= 70 GiB other than the A100 and 8,192 elsewhere
+# (vllm/engine/arg_utils.py, EngineArgs.get_batch_defaults), and max_num_seqs 1,024 / 256.
+VLLM_TRL_BATCHED_TOKENS = 4096
+VLLM_LARGE_GPU_BATCHED_TOKENS, VLLM_LARGE_GPU_MAX_SEQS = 16384, 1024
+VLLM_SMALL_GPU_BATCHED_TOKENS, VLLM_SMALL_GPU_MAX_SEQS = 8192, 256
+# CUDA graphs captured for decoding, and memory vLLM does not allocate through torch (estimate:
+# vLLM's start-up log reports both; 0.5-1 GiB each for models of a few billion parameters).
+VLLM_CUDA_GRAPH_BYTES = 1 * GIB
+VLLM_NON_TORCH_BYTES = GIB // 2
+# vLLM's default gpu_memory_utilization (EngineArgs); the plan never asks an engine for more.
+VLLM_MAX_UTILIZATION = 0.9
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Bytes by term at a job's peak phase (per GPU for GPU memory, per job for host memory)."""
+
+    parts: dict[str, int]
+    phase: str = ""
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.parts.values()))
+
+    @property
+    def gib(self) -> float:
+        return self.total / GIB
+
+    def describe(self, limit: int = 4) -> str:
+        """The largest terms, e.g. 'training state 113.5 GiB, vLLM 41.7 GiB, ...'."""
+        top = sorted(self.parts.items(), key=lambda kv: -kv[1])[:limit]
+        return ", ".join(f"{name} {_size(value)}" for name, value in top if value > 0)
+
+
+def _size(value: int) -> str:
+    return f"{value / GIB:.1f} GiB" if value >= GIB else f"{value / MIB:.0f} MiB"
+
+
+def peak(phases: dict[str, dict[str, int]]) -> Memory:
+    """The phase whose terms sum highest (memory freed between phases is reused by the next)."""
+    phase, parts = max(phases.items(), key=lambda kv: sum(kv[1].values()))
+    return Memory({k: int(v) for k, v in parts.items()}, phase)
+
+
+# --------------------------------------------------------------------------- activations
+
+
+def layer_activation_bytes(arch: Architecture, act_bytes: int, residual_bytes: int, scores: int = 0) -> int:
+    """Bytes one decoder layer keeps for its backward, per token.
+
+    Counted from the Llama/Qwen layer: each RMSNorm keeps its input and normalised output (2H,
+    in the residual stream's dtype); q, k, v, the attention output and the o_proj input
+    (3q + 2kv, with q and k kept after rotary); the gated MLP keeps gate, up, SiLU(gate) and
+    their product (4I). `scores`: attention probabilities kept per token (heads x key length,
+    twice: softmax input and output) when attention runs without a fused kernel, as
+    `scaled_dot_product_attention` does on the CPU with a padding mask; flash attention on a
+    GPU keeps none.
+    """
+    residual = 2 * 2 * arch.hidden_size * residual_bytes
+    attention = (3 * arch.q_dim + 2 * arch.kv_dim) * act_bytes
+    mlp = 4 * arch.intermediate_size * act_bytes
+    probabilities = 2 * arch.num_attention_heads * scores * act_bytes
+    return residual + attention + mlp + probabilities
+
+
+def logprob_head_bytes(arch: Architecture, tokens: int, act_bytes: int, triton: bool = True) -> int:
+    """TRL's fused log-prob head (trl/kernels/chunked_logprob.py) at its largest, in the backward: the
+    forward's and the backward's [tokens, vocab] tile buffers, the fp32 gradient accumulators of the
+    LM head weight [vocab, hidden] and of the hidden states, and the fp32 hidden states it reads.
+    Without Triton (CPU) each tile is folded with torch ops, which hold about three more fp32
+    tile-sized temporaries (the transformed logits, their exponentials, their product)."""
+    rows, cols = min(tokens, TRL_LOGPROB_TOKENS), min(arch.vocab_size, TRL_LOGPROB_VOCAB)
+    tiles = 2 * rows * cols * act_bytes + (0 if triton else 3 * rows * cols * 4)
+    return tiles + arch.vocab_size * arch.hidden_size * 4 + 2 * tokens * arch.hidden_size * 4
+
+
+def training_activations(arch: Architecture, micro_batch: int, seq_len: int, *, checkpointing: bool,
+                         act_bytes: int, residual_bytes: int, scores: bool, triton: bool = True) -> dict[str, int]:
+    """Activations of one micro-batch of `micro_batch` sequences of `seq_len` tokens.
+
+    Without checkpointing every layer keeps its activations until its backward. With it
+    (transformers' gradient checkpointing, one checkpoint per decoder layer) only each layer's
+    input survives the forward, and one layer at a time is recomputed in the backward
+    (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost"); its activation
+    gradients are about as large again.
+    """
+    tokens = micro_batch * seq_len
+    per_layer = layer_activation_bytes(arch, act_bytes, residual_bytes, seq_len if scores else 0)
+    if checkpointing:
+        kept = arch.num_hidden_layers * tokens * arch.hidden_size * residual_bytes
+        live = 2 * tokens * per_layer
+        parts = {"activations (layer inputs, checkpointed)": kept, "activations (one layer recomputed)": live}
+    else:
+        parts = {"activations (all layers)": arch.num_hidden_layers * tokens * per_layer,
+                 "activation gradients (one layer)": tokens * per_layer}
+    parts["log-prob head (tiles, fp32 gradients)"] = logprob_head_bytes(arch, tokens, act_bytes, triton)
+    return parts
+
+
+def training_state(arch: Architecture, gpus: int, sharding: str) -> dict[str, int]:
+    """Weights, gradients and AdamW state, sharded over `gpus` with ZeRO-3 / FSDP full sharding."""
+    p = arch.parameters
+    if sharding == "none" or gpus == 1:
+        return {"training state (weights, grads, AdamW; 16 B/param)": TRAINING_STATE_BYTES_PER_PARAM * p}
+    return {
+        f"training state (16 B/param / {gpus} GPUs, ZeRO-3)": math.ceil(TRAINING_STATE_BYTES_PER_PARAM * p / gpus),
+        "ZeRO-3 gathered parameters (bf16)": 2 * min(p, ZERO3_MAX_LIVE_PARAMETERS),
+        "NCCL buffers": NCCL_BYTES,
+    }
+
+
+# --------------------------------------------------------------------------- generation
+
+
+def hf_generation(arch: Architecture, sequences: int, prompt: int, new: int, act_bytes: int) -> dict[str, int]:
+    """transformers `generate` of `sequences` sequences at once (KV cache, logits, one layer).
+
+    DynamicCache concatenates each layer's keys and values every step, so one layer's cache is
+    briefly held twice; generate keeps only the last position's logits, and the sampling
+    processors make a few [sequences, vocab] fp32 copies (temperature, top-p sort, softmax).
+    """
+    context = prompt + new
+    kv_layer = sequences * context * 2 * arch.kv_dim * act_bytes
+    prefill_layer = sequences * prompt * (arch.hidden_size + arch.q_dim + 2 * arch.kv_dim
+                                          + 2 * arch.intermediate_size) * act_bytes
+    scores = sequences * arch.num_attention_heads * prompt * prompt * 4
+    return {
+        "KV cache": arch.num_hidden_layers * kv_layer + kv_layer,
+        "generation logits": 5 * sequences * arch.vocab_size * 4,
+        "prefill (one layer)": prefill_layer + scores,
+    }
+
+
+def population_generation(arch: Architecture, members: int, prompts: int, prompt: int, new: int,
+                          weight_bytes: int) -> dict[str, int]:
+    """ES on the transformers backend (`esgrpo.population.population_generate`, all members at once).
+
+    Held together: the stacked member weights [N, *shape] in the model's dtype
+    (`esgrpo.es_ops.perturbed_population`); their fused fp32 layout (`prepare_population`), which
+    shares the embedding with the stack when both are fp32 and builds its own lm_head; the largest
+    fusing intermediate (lm_head or a layer's gate/up block, before its transposed copy); the
+    preallocated fp32 KV cache of N x B rows; the step's logits and their log-softmax.
+    """
+    n, p, h, v = members, arch.parameters, arch.hidden_size, arch.vocab_size
+    fused = arch.num_hidden_layers * arch.layer_parameters + v * h + (0 if weight_bytes == 4 else v * h)
+    slots = prompt + new - 1
+    rows = n * prompts
+    return {
+        "population (stacked members)": n * p * weight_bytes,
+        "population (fused fp32 layout)": n * fused * 4,
+        "population (fusing intermediate)": n * 4 * max(v * h, 4 * h * arch.intermediate_size),
+        "KV cache (population)": arch.num_hidden_layers * rows * slots * 2 * arch.kv_dim * 4,
+        "generation logits": 4 * rows * v * 4,
+        "prefill attention scores": min(256 * MIB, rows * arch.num_attention_heads * prompt * prompt * 4),
+    }
+
+
+def vllm_engine(arch: Architecture, dtype: str, max_model_len: int, sequences: int,
+                batched_tokens: int) -> dict[str, int]:
+    """What one vLLM engine needs inside its gpu_memory_utilization budget.
+
+    Weights in `dtype`; the activation peak of its profiling run, one scheduler step of
+    `batched_tokens` tokens through a layer (MLP and qkv outputs) plus the sampler's logits of
+    up to that many rows; CUDA graphs and non-torch memory; and a KV cache for `sequences`
+    sequences of `max_model_len` tokens (rounded up to whole blocks), the number running at once.
+    """
+    width = dtype_bytes(dtype)
+    blocks = math.ceil(max_model_len / VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS
+    activation = batched_tokens * (2 * arch.intermediate_size + arch.q_dim + 2 * arch.kv_dim
+                                   + 2 * arch.hidden_size) * width
+    sampler = min(batched_tokens, VLLM_LARGE_GPU_MAX_SEQS) * arch.vocab_size * 4 * 2
+    return {
+        "vLLM weights": arch.parameters * width,
+        "vLLM activation peak": activation + sampler,
+        "vLLM CUDA graphs and non-torch": VLLM_CUDA_GRAPH_BYTES + VLLM_NON_TORCH_BYTES,
+        "vLLM KV cache": sequences * blocks * arch.kv_bytes_per_token(dtype),
+    }
+
+
+def vllm_sequences_that_fit(arch: Architecture, dtype: str, max_model_len: int, budget: int,
+                            batched_tokens: int) -> int:
+    """How many sequences of `max_model_len` tokens an engine's KV cache holds within `budget` bytes."""
+    fixed = vllm_engine(arch, dtype, max_model_len, 0, batched_tokens)
+    per_sequence = vllm_engine(arch, dtype, max_model_len, 1, batched_tokens)["vLLM KV cache"]
+    return max(0, int((budget - sum(fixed.values())) // per_sequence))
+
+
+def utilization_for(need: int, gpu_bytes: int) -> float:
+    """vLLM's gpu_memory_utilization that grants `need` bytes, rounded up to a hundredth."""
+    return math.ceil(100 * need / gpu_bytes) / 100

@@ -1,0 +1,202 @@
+"""Per-run frames several tables, figures and claims share: continual stages, update norms,
+sparsity gains, ablation settings, population rewards, entropy changes, norm-theory ratios,
+JS diversity against Pass@K gain and interpolation barriers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+from esgrpo.analysis.theory import fit_sq_norm_vs_t
+from esgrpo.metrics import barrier_height
+from esgrpo.report.loading import StageInputs, run_labels, variant_of, with_labels
+from esgrpo.report.planning import ES_KINDS, ZSCORE_ONE_SIDED, judged_tasks
+from esgrpo.report.stats import ci_curve, common_ks, stat, tail
+from esgrpo.runs import parse_run_name
+
+CONTINUAL_KINDS = ("cl_es", "cl_grpo")
+ACCURACY_METRICS = ("greedy", "mean@n")
+
+
+def stage_frame(data: StageInputs) -> pd.DataFrame:
+    """Continual prompts with stage (0 = base) per method; base rows duplicated for each method."""
+    prompts = data.prompts
+    if prompts.empty:
+        return prompts
+    continual = prompts[prompts["kind"].isin(CONTINUAL_KINDS)].copy()
+    continual["stage"] = continual["run"].map(lambda r: run_labels(r)["stage"]).astype(int)
+    frames = [continual]
+    base = prompts[prompts["kind"].eq("base")]
+    for method in continual["method"].unique():
+        frames.append(base.assign(method=method, stage=0))
+    out = pd.concat(frames, ignore_index=True)
+    order = data.setup["continual"]
+    out["stage_task"] = out["stage"].map(lambda s: "base" if s == 0 else order[s - 1])
+    return out
+
+
+def has_continual_stages(stages: pd.DataFrame) -> bool:
+    return not stages.empty and stages["kind"].isin(CONTINUAL_KINDS).any()
+
+
+def drift_norms(drift: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
+    """Per run (and `by` groups): l2 = sqrt(sum l2^2), base_l2 likewise, relative = l2 / base_l2,
+    and share_sq = the group's share of the run's squared update."""
+    keys = ["model", "task", "run", "run_kind", "method", "variant", "seed", *by]
+    d = drift.assign(_sq=drift["l2"] ** 2, _bsq=drift["base_l2"] ** 2)
+    g = d.groupby(keys, sort=True, dropna=False).agg(_sq=("_sq", "sum"), _bsq=("_bsq", "sum")).reset_index()
+    g["l2"] = g["_sq"] ** 0.5
+    g["base_l2"] = g["_bsq"] ** 0.5
+    g["relative_l2"] = g["l2"] / g["base_l2"].where(g["base_l2"] > 0)
+    totals = d.groupby(keys[:7])["_sq"].sum().rename("_tot")
+    g = g.join(totals, on=keys[:7])
+    g["share_sq"] = g["_sq"] / g["_tot"].where(g["_tot"] > 0)
+    return g.drop(columns=["_sq", "_bsq", "_tot"])
+
+
+def _with_gain_columns(rows: pd.DataFrame, base: pd.DataFrame, model: str, eval_task: str) -> pd.DataFrame:
+    """One run's sparsity rows on one evaluation task with base_/full_/retained_/lost_<metric>."""
+    rows = rows.copy()
+    top = rows[rows["kind"] == "top_fraction"]
+    for metric in (m for m in ACCURACY_METRICS if m in rows):
+        zero = top.loc[np.isclose(top["keep_fraction"], 0.0), metric]
+        full = top.loc[np.isclose(top["keep_fraction"], 1.0), metric]
+        base_rows = base[(base["model"] == model) & (base["eval_task"] == eval_task)] if not base.empty else base
+        b = float(zero.iloc[0]) if len(zero) else (float(base_rows[metric].mean()) if len(base_rows) else math.nan)
+        f = float(full.iloc[0]) if len(full) else math.nan
+        gain = f - b if f - b > 0 else math.nan
+        rows[f"base_{metric}"], rows[f"full_{metric}"] = b, f
+        rows[f"retained_{metric}"] = (rows[metric] - b) / gain
+        rows[f"lost_{metric}"] = (f - rows[metric]) / gain
+    return rows
+
+
+def sparsity_frame(data: StageInputs) -> pd.DataFrame:
+    """Sparsity rows with, per run and metric, the base (``base_<m>``: keep fraction 0, else the base
+    evaluation) and full-update (``full_<m>``: keep fraction 1) accuracies and ``retained_<m>`` =
+    (acc - base) / (full - base) (NaN where the run gained nothing) / ``lost_<m>`` for resets."""
+    sparsity = data.analysis("sparsity")
+    if sparsity.empty:
+        return sparsity
+    base = data.base_prompts()
+    if "eval_task" not in sparsity:  # files from before evaluation tasks were recorded: the training task
+        sparsity = sparsity.assign(eval_task=sparsity["task"])
+    parts = [_with_gain_columns(rows, base, model, eval_task) for (model, _task, _run, eval_task), rows
+             in sparsity.groupby(["model", "task", "run", "eval_task"], sort=True)]
+    return pd.concat(parts, ignore_index=True)
+
+
+def ablation_frames(data: StageInputs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Prompts (on the ablation task) and training curves of the ablation task, with run labels."""
+    task = data.setup["ablation_task"]
+    prompts, metrics = data.prompts, data.metrics
+    if not prompts.empty:
+        prompts = with_labels(prompts[(prompts["train_task"] == task) & (prompts["eval_task"] == task)])
+    if not metrics.empty:
+        metrics = with_labels(metrics[metrics["task"] == task])
+    return prompts, metrics
+
+
+def ablation_sets(prompts: pd.DataFrame, n: int) -> dict[str, pd.DataFrame]:
+    """setting -> prompts at the main population: zscore (= one-sided), rank, none, antithetic."""
+    out = {}
+    if prompts.empty:
+        return out
+    main = prompts[prompts["population"] == n]
+    out["zscore"] = main[(main["normalization"] == "zscore") & ~main["antithetic"].astype(bool)]
+    out["rank"] = main[main["normalization"] == "rank"]
+    out["none"] = main[main["normalization"] == "none"]
+    out["one-sided"] = out["zscore"]
+    out["antithetic"] = main[(main["normalization"] == "zscore") & main["antithetic"].astype(bool)]
+    return {k: v for k, v in out.items() if not v.empty}
+
+
+def population_rewards(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Final train reward (mean over the last 10% of iterations) per (model, population) with CIs."""
+    rows = []
+    sweep = metrics[metrics["kind"].isin(["es", "es_pop"])]
+    if sweep.empty:
+        return pd.DataFrame(columns=["model", "task", "population", "value", "value_lo", "value_hi"])
+    sweep = sweep.assign(population=sweep["run"].map(lambda r: run_labels(r)["population"]))
+    for (model, task, n), g in sweep.groupby(["model", "task", "population"], sort=True):
+        rows.append(stat({"model": model, "task": task, "population": int(n)}, ci_curve(tail(g), "fitness_mean"),
+                         iterations=int(g.groupby("run")["iteration"].max().mean()),
+                         rollouts=float(g.groupby("run")["rollouts"].max().mean()), n_seeds=g["seed"].nunique()))
+    return pd.DataFrame(rows)
+
+
+def entropy_change(metrics: pd.DataFrame) -> pd.DataFrame:
+    """Per run: entropy over the first and the last 10% of training and last / first - 1."""
+    rows = []
+    curves = metrics.dropna(subset=["entropy"])
+    for (model, task, run), g in curves.groupby(["model", "task", "run"], sort=True):
+        first, last = tail(g, first=True)["entropy"].mean(), tail(g)["entropy"].mean()
+        rows.append({"model": model, "task": task, "run": run, "seed": g["seed"].iloc[0],
+                     "method": g["method"].iloc[0], "variant": g["variant"].iloc[0], "first": first, "last": last,
+                     "relative_change": last / first - 1 if first > 0 else math.nan})
+    return pd.DataFrame(rows)
+
+
+def theory_ratios(theory: pd.DataFrame) -> pd.DataFrame:
+    """Per ES run: slope of sq_distance vs updates divided by the slope of theory_sq vs updates (both
+    least-squares lines of :func:`esgrpo.analysis.theory.fit_sq_norm_vs_t`), and ``applies`` = the run
+    is z-scored and one-sided (rank / raw / antithetic runs break sum z^2 = N)."""
+    rows = []
+    for (model, task, run), g in theory.groupby(["model", "task", "run"]):
+        g = g.dropna(subset=["sq_distance", "theory_sq"])
+        x = g["updates"].to_numpy(float) if "updates" in g else g["iteration"].to_numpy(float)
+        if len(g) < 2 or np.ptp(x) == 0:
+            continue
+        slope = fit_sq_norm_vs_t(x, g["sq_distance"].to_numpy(float))["slope"]
+        theory_slope = fit_sq_norm_vs_t(x, g["theory_sq"].to_numpy(float))["slope"]
+        if theory_slope > 0:
+            rows.append({"model": model, "task": task, "run": run, "ratio": slope / theory_slope,
+                         "applies": g["run_kind"].iloc[0] in ZSCORE_ONE_SIDED})
+    return pd.DataFrame(rows, columns=["model", "task", "run", "ratio", "applies"])
+
+
+def js_gain_frame(data: StageInputs) -> pd.DataFrame:
+    """Per ES run: mean population JS diversity over training and its Pass@K gain over the base."""
+    metrics, prompts = data.metrics, data.prompts
+    cols = ["model", "task", "run", "variant", "js_diversity", "gain", "k"]
+    if metrics.empty or prompts.empty or "js_diversity" not in metrics:
+        return pd.DataFrame(columns=cols)
+    k = max(common_ks(data.setup))
+    rows = []
+    es = metrics[metrics["kind"].isin(ES_KINDS)].dropna(subset=["js_diversity"])
+    base = prompts[prompts["kind"] == "base"]
+    for (model, task, run), g in es.groupby(["model", "task", "run"]):
+        trained = prompts[(prompts["run"] == run) & (prompts["model"] == model) & (prompts["train_task"] == task)
+                          & prompts["on_task"]]
+        b = base[(base["model"] == model) & base["eval_task"].isin(judged_tasks(data.setup, model, task))]
+        if trained.empty or b.empty:
+            continue
+        rows.append({"model": model, "task": task, "run": run, "variant": variant_of(run),
+                     "js_diversity": g["js_diversity"].mean(),
+                     "gain": trained[f"pass@{k}"].mean() - b[f"pass@{k}"].mean(), "k": k})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def barrier_heights(interp: pd.DataFrame) -> pd.DataFrame:
+    """Barrier heights along the ES-GRPO path (esgrpo.metrics.barrier_height) per (model, task, seed,
+    eval_task) and metric (greedy accuracy, mean@n), with ``on_task`` = evaluated on the training task."""
+    cols = ["model", "task", "seed", "on_task", "metric", "barrier"]
+    if interp.empty or "path" not in interp:
+        return pd.DataFrame(columns=cols)
+    rows = []
+    path = interp[interp["path"] == "es-grpo"]
+    for (model, task, seed, eval_task), g in path.groupby(["model", "task", "seed", "eval_task"]):
+        for metric in ACCURACY_METRICS:
+            if metric in g and g[metric].notna().all():
+                rows.append({"model": model, "task": task, "seed": seed, "on_task": eval_task == task,
+                             "metric": metric, "barrier": barrier_height(g["lam"], g[metric])})
+    return pd.DataFrame(rows, columns=cols)
+
+
+def population_of_variant(metrics: pd.DataFrame) -> dict[str, int]:
+    """variant -> ES population of the runs in `metrics` (from their names)."""
+    return {variant: parse_run_name(run).population for variant, run in zip(metrics["variant"], metrics["run"],
+                                                                             strict=True)}

@@ -1,0 +1,216 @@
+"""Paper A's tables: accuracy (with budgets), the continual sequence, update norms, held-out
+scores and update geometry. Each ``build_*`` returns the tidy table (statistics: report.stats);
+each ``table_*`` writes it with its caption (report.writing)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from esgrpo.report.frames import barrier_heights, drift_norms, has_continual_stages, stage_frame
+from esgrpo.report.loading import StageInputs, run_labels
+from esgrpo.report.planning import METHOD_ORDER, RATIO_ORDER, snapshot_method
+from esgrpo.report.stats import budget_rows, ci_prompts, ci_values, main_variants, paired_ci, ratio_ci, stat
+from esgrpo.report.writing import absent_notes, order_rows, write_long_table
+from esgrpo.runs import parse_run_name
+
+NO_CONTINUAL = "no continual sequence (sequential.continual) in this config"
+
+
+# Each table's caption (Markdown and LaTeX; the CSV carries the numbers only).
+CAPTIONS = {
+    "a_accuracy": ("Paper A: test greedy accuracy on each task's own test set, base vs ES vs GRPO "
+                   "(mean [95% CI] over seeds and prompts). budget=iterations: final checkpoints after the "
+                   "configured ES iterations / GRPO steps (ES (K it): the main ES run after K iterations, "
+                   "es.snapshots); budget=rollouts / generated_tokens: train reward "
+                   "(metrics.jsonl fitness_mean; ES: mean over the population) at the last step within the "
+                   "smaller of the two methods' totals."),
+    "a_sequential": ("Paper A: continual sequence {sequence}. Test greedy accuracy (mean [95% CI], seeds x prompts) on "
+                     "every task (columns) after each stage k (rows; stage 0 = base), per method; forgetting = best "
+                     "earlier stage (1..K-1) - final stage, paired per prompt."),
+    "a_update_norms": ("Paper A: update norm ||theta - theta0||_2 (theta0 = the base model; sqrt of the sum of the "
+                       "per-tensor squared L2 of the drift analysis) after each continual stage, per method, and the "
+                       "ES/GRPO ratio (per shared seed, 95% CI over seeds). Single-task rows: the main runs of each task."),
+    "a_heldout": ("Paper A: held-out scores before (base) -> after the continual sequence (final stage), per "
+                  "method, greedy accuracy and mean@n with 95% CIs (seeds x prompts; the change paired per prompt). "
+                  "held_out = the task is not in the sequence (paper A: MMLU, IFEval). At toy scale, when every "
+                  "task is in the sequence, no task is held out and each row reports a trained task before and "
+                  "after the whole sequence."),
+    "a_geometry": ("Paper A: update geometry. cosine(dES, dGRPO) over all parameters (and mean |cos| per "
+                   "layer / module type); barrier height of the linear path theta0 + (1-l) dES + l dGRPO "
+                   "(max over interior l of the straight line between the end points minus the accuracy, >= 0; "
+                   "computed from the interpolation curves); token-mean KL(base || model) on the base model's own "
+                   "continuations, on the training task and averaged over the other tasks. es-es / grpo-grpo "
+                   "cosines (two seeds of one method) are the reference for 'orthogonal'. 95% CIs over seeds (and tasks for off-task means)."),
+}
+
+
+def build_a_accuracy(data: StageInputs) -> pd.DataFrame:
+    rows = []
+    test = data.on_task({"base", "es", "es_snap", "grpo"})
+    for (model, task, method), g in test.groupby(["model", "task", "method"], sort=True):
+        # a snapshot's final checkpoint is its parent after K iterations; the method says K
+        rows.append(stat({"model": model, "task": task, "variant": g["variant"].iloc[0]}, ci_prompts(g, "greedy"),
+                         method=method, budget="iterations", matched_at="final checkpoint",
+                         metric="test greedy accuracy", n_seeds=g["seed"].nunique(),
+                         n_prompts=g["prompt"].nunique()))
+    rows += budget_rows(data.metrics, main_variants(data.metrics), "fitness_mean", "train reward")
+    return order_rows(pd.DataFrame(rows), ["model", "task", "budget", "metric", "method"])
+
+
+def methods_with_snapshots(data: StageInputs) -> list[str]:
+    """METHOD_ORDER with the snapshot columns (``ES (K it)``, by K) just before ES."""
+    prompts = data.prompts
+    runs = set(prompts.loc[prompts["kind"] == "es_snap", "run"]) if not prompts.empty else set()
+    iterations = sorted({parse_run_name(run).iterations for run in runs})
+    i = METHOD_ORDER.index("ES")
+    return [*METHOD_ORDER[:i], *(snapshot_method(k) for k in iterations), *METHOD_ORDER[i:]]
+
+
+def table_a_accuracy(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["a_accuracy"]
+    write_long_table(output, caption, build_a_accuracy(data), "no base / ES / GRPO evaluations in this config",
+                     ["model", "task", "budget", "matched_at", "metric"], order=methods_with_snapshots(data),
+                     notes=absent_notes(data.setup))
+
+
+def build_a_sequential(data: StageInputs) -> pd.DataFrame:
+    stages = stage_frame(data)
+    if not has_continual_stages(stages):
+        return pd.DataFrame()
+    rows = []
+    for (model, method, stage, eval_task), g in stages.groupby(["model", "method", "stage", "eval_task"], sort=True):
+        rows.append(stat({"model": model, "method": method, "stage": int(stage),
+                          "stage_task": g["stage_task"].iloc[0], "eval_task": eval_task},
+                         ci_prompts(g, "greedy"), row="accuracy"))
+    accuracy = pd.DataFrame(rows)
+    for (model, method, eval_task), g in accuracy.groupby(["model", "method", "eval_task"]):
+        final_stage = g["stage"].max()
+        earlier = g[(g["stage"] >= 1) & (g["stage"] < final_stage)]
+        if earlier.empty:
+            continue
+        best = int(earlier.loc[earlier["value"].idxmax(), "stage"])
+        sel = stages[(stages["model"] == model) & (stages["method"] == method) & (stages["eval_task"] == eval_task)]
+        rows.append(stat({"model": model, "method": method, "stage": best, "stage_task": "forgetting",
+                          "eval_task": eval_task},
+                         paired_ci(sel[sel["stage"] == best], sel[sel["stage"] == final_stage], "greedy"),
+                         row=f"forgetting = stage {best} (best earlier) - stage {final_stage} (final)"))
+    return pd.DataFrame(rows)
+
+
+def table_a_sequential(data: StageInputs, output: dict) -> None:
+    setup = data.setup
+    caption = CAPTIONS["a_sequential"].format(sequence=" -> ".join(setup["continual"] or ["(none)"]))
+    write_long_table(output, caption, build_a_sequential(data), NO_CONTINUAL,
+                     ["model", "method", "row", "stage", "stage_task"], columns="eval_task", notes=absent_notes(setup))
+
+
+def build_a_update_norms(data: StageInputs) -> pd.DataFrame:
+    drift = data.analysis("drift")
+    if drift.empty:
+        return pd.DataFrame()
+    norms = drift_norms(drift)
+    norms["setting"] = np.where(norms["run_kind"].str.startswith("cl_"), "continual", "single-task")
+    norms["stage"] = [f"{int(run_labels(r)['stage'])}: {t}" if s == "continual" else t
+                      for r, t, s in zip(norms["run"], norms["task"], norms["setting"], strict=True)]
+    rows = []
+    for (setting, model, stage), g in norms.groupby(["setting", "model", "stage"], sort=True):
+        keys = {"setting": setting, "model": model, "stage": stage}
+        for method, gm in g.groupby("method", sort=True):
+            rows.append(stat({**keys, "quantity": "||theta - theta0||", "method": method}, ci_values(gm["l2"]),
+                             n_seeds=gm["seed"].nunique()))
+            rows.append(stat({**keys, "quantity": "relative L2", "method": method}, ci_values(gm["relative_l2"]),
+                             n_seeds=gm["seed"].nunique()))
+        es, grpo = g[g["method"] == "ES"], g[g["method"] == "GRPO"]
+        if not es.empty and not grpo.empty:
+            rows.append(stat({**keys, "quantity": "||theta - theta0|| ratio", "method": "ES/GRPO"},
+                             ratio_ci(es, grpo, "l2"), n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
+    return pd.DataFrame(rows)
+
+
+def table_a_update_norms(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["a_update_norms"]
+    notes = absent_notes(data.setup, continual=True)
+    write_long_table(output, caption, build_a_update_norms(data),
+                     "no parameter-drift analyses (results/analysis/*/drift) for this config's runs",
+                     ["setting", "model", "stage", "quantity"], order=RATIO_ORDER, notes=notes)
+
+
+def build_a_heldout(data: StageInputs) -> pd.DataFrame:
+    stages = stage_frame(data)
+    if not has_continual_stages(stages):
+        return pd.DataFrame()
+    order = data.setup["continual"]
+    rows = []
+    for (model, method, eval_task), g in stages.groupby(["model", "method", "eval_task"], sort=True):
+        final = g["stage"].max()
+        before, after = g[g["stage"] == 0], g[g["stage"] == final]
+        held = eval_task not in order
+        for metric in ("greedy", "mean@n"):
+            keys = {"model": model, "method": method, "eval_task": eval_task, "held_out": held, "metric": metric}
+            rows.append(stat(keys, ci_prompts(before, metric), quantity="before (base)"))
+            rows.append(stat(keys, ci_prompts(after, metric), quantity=f"after (stage {final})"))
+            rows.append(stat(keys, paired_ci(after, before, metric), quantity="after - before"))
+    return pd.DataFrame(rows)
+
+
+def table_a_heldout(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["a_heldout"]
+    long = build_a_heldout(data)
+    notes = absent_notes(data.setup)
+    if not long.empty and not long["held_out"].astype(bool).any():
+        notes.append("Every task is in the continual sequence: no task is held out.")
+    write_long_table(output, caption, long, NO_CONTINUAL, ["model", "method", "eval_task", "held_out", "metric"],
+                     columns="quantity", notes=notes)
+
+
+def _cosine_rows(cosine: pd.DataFrame) -> list[dict]:
+    rows = []
+    glob = cosine[cosine["scope"] == "global"]
+    for (model, task, pair), g in glob.groupby(["model", "task", "pair"], sort=True):
+        rows.append(stat({"model": model, "task": task, "quantity": f"cosine global ({pair})", "method": "pair"},
+                         ci_values(g["cosine"]), n=len(g)))
+        rows.append(stat({"model": model, "task": task, "quantity": f"|cosine| global ({pair})",
+                          "method": "pair"}, ci_values(g["cosine"].abs()), n=len(g)))
+    for (model, task, scope, pair), g in cosine[cosine["scope"] != "global"].groupby(
+            ["model", "task", "scope", "pair"], sort=True):
+        rows.append(stat({"model": model, "task": task, "quantity": f"mean |cosine| per {scope} ({pair})",
+                          "method": "pair"}, ci_values(g["cosine"].abs()), n=len(g)))
+    return rows
+
+
+def _barrier_rows(interp: pd.DataFrame) -> list[dict]:
+    """Barrier heights ES-GRPO per (model, task, metric): on-task and off-task means over seeds."""
+    per = barrier_heights(interp)
+    rows = []
+    for (model, task, metric, on), g in per.groupby(["model", "task", "metric", "on_task"]):
+        where = "on-task" if on else "off-task mean"
+        rows.append(stat({"model": model, "task": task, "quantity": f"barrier ES-GRPO ({metric}, {where})",
+                          "method": "pair"}, ci_values(g["barrier"]), n=len(g)))
+    return rows
+
+
+def _kl_rows(kl: pd.DataFrame) -> list[dict]:
+    rows = []
+    for (model, task, method), g in kl.groupby(["model", "task", "method"], sort=True):
+        on, off = g[g["eval_task"] == task], g[g["eval_task"] != task]
+        rows.append(stat({"model": model, "task": task, "quantity": "KL on-task (token mean)",
+                          "method": method}, ci_values(on["token_mean"]), n=len(on)))
+        rows.append(stat({"model": model, "task": task, "quantity": "KL off-task (token mean)",
+                          "method": method}, ci_values(off["token_mean"]), n=len(off)))
+    return rows
+
+
+def build_a_geometry(data: StageInputs) -> pd.DataFrame:
+    cosine, kl = data.analysis("cosine"), data.analysis("kl")
+    rows = _cosine_rows(cosine) if not cosine.empty else []
+    rows += _barrier_rows(data.analysis("interpolation"))
+    rows += _kl_rows(kl) if not kl.empty else []
+    return pd.DataFrame(rows)
+
+
+def table_a_geometry(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["a_geometry"]
+    write_long_table(output, caption, build_a_geometry(data), "no cosine / interpolation / KL analyses for this "
+                     "config (they need both ES and GRPO runs and results/analysis)", ["model", "task", "quantity"],
+                     order=["pair", "ES", "GRPO"], notes=absent_notes(data.setup))

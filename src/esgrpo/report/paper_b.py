@@ -1,0 +1,402 @@
+"""Paper B's tables: Pass@k (with budgets), the easy-setting count, sequential ES->GRPO / GRPO->ES,
+drift, functional sparsity, ES ablations, the population sweep and entropy. Each ``build_*``
+returns the tidy table (statistics: report.stats); each ``table_*`` writes it with its caption."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from esgrpo.report.frames import (
+    ACCURACY_METRICS,
+    ablation_frames,
+    ablation_sets,
+    drift_norms,
+    entropy_change,
+    population_of_variant,
+    population_rewards,
+    sparsity_frame,
+)
+from esgrpo.report.loading import StageInputs
+from esgrpo.report.planning import METHOD_ORDER, RATIO_ORDER
+from esgrpo.report.stats import (
+    budget_rows,
+    ci_curve,
+    ci_prompts,
+    ci_values,
+    main_variants,
+    paired_ci,
+    passk_display_ks,
+    ratio_ci,
+    smallest_sufficient,
+    stat,
+    tail,
+)
+from esgrpo.report.writing import (
+    absent_notes,
+    display_frame,
+    not_run_table,
+    order_rows,
+    wide,
+    write_long_table,
+    write_table,
+)
+
+SINGLE_AND_SEQUENTIAL = {"base", "es", "grpo", "es->grpo", "grpo->es"}
+SEQUENTIAL_CONTRASTS = (("ES->GRPO", "ES"), ("ES->GRPO", "GRPO"), ("GRPO->ES", "GRPO"), ("GRPO->ES", "ES"),
+                        ("ES->GRPO", "base"), ("GRPO->ES", "base"))
+# contrast name, setting a, setting b (ablation_sets)
+ABLATION_CONTRASTS = (("zscore - none", "zscore", "none"), ("zscore - rank", "zscore", "rank"),
+                      ("antithetic - one-sided", "antithetic", "one-sided"))
+
+
+# Each table's caption (Markdown and LaTeX; the CSV carries the numbers only).
+CAPTIONS = {
+    "b_passk": ("Paper B: Pass@1 and Pass@k at the two largest evaluated k (paper: 16, 32) on each task's test "
+                "set, unbiased estimator per prompt, mean [95% CI] over seeds and prompts, for base, ES, GRPO, "
+                "ES->GRPO and GRPO->ES (sequential runs on the sequential task only). budget=iterations: final "
+                "checkpoints; budget=rollouts / generated_tokens: train reward at matched budgets (metrics.jsonl)."),
+    "b_easy_setting": ("Paper B (easy setting): number of (model, task) cells where the trained model falls below the "
+                       "base at Pass@k for the two largest evaluated k (paper: 16 and 32; GRPO below base in 15 of 18). "
+                       "n_below counts point estimates (trained - base < 0, paired per prompt); n_significant counts "
+                       "cells whose 95% CI lies below 0."),
+    "b_sequential": ("Paper B: sequential training on one task. ES->GRPO (GRPO started from the ES run) and GRPO->ES: "
+                     "Pass@1 vs Pass@K (K = largest evaluated k) against their single-method starts and the base; "
+                     "differences paired per (seed, prompt). 95% CIs over seeds and prompts."),
+    "b_drift": ("Paper B: parameter drift of the single-task runs. Relative L2 ||theta - theta0|| / ||theta0|| "
+                "(theta0 = base) of the whole model (module_type = all) and by module type, each method's share "
+                "of its squared update by module type, and the ES/GRPO ratio (per shared seed; 95% CI over "
+                "seeds). Paper B: ES moves up to 44x farther; ES's largest changes in norms and attention."),
+    "b_sparsity": ("Paper B: functional sparsity. Keeping only the largest-|delta| fraction of the changed "
+                   "coordinates (kind = top_fraction): accuracy and retained gain = (acc - base) / (full update - "
+                   "base) with base = keep fraction 0 (or the base evaluation) and full = keep fraction 1. "
+                   "Resetting one module type to the base (kind = reset_module): accuracy and share of the gain "
+                   "lost. 95% CIs over runs (seeds)."),
+    "b_ablations": ("Paper B: ES ablations on {ablation_task} at N = {main_n}: fitness "
+                    "normalisation (z-score vs rank vs none) and one-sided vs antithetic (two-point) members. Test "
+                    "greedy / mean@n (= Pass@1) / Pass@K with 95% CIs over seeds and prompts; final train reward = "
+                    "mean fitness over the last 10% of iterations (CI over seeds and iterations). Contrast rows are "
+                    "paired differences (per prompt; per iteration for the train reward). All settings share N, "
+                    "iterations and prompts per iteration, hence rollouts: iterations and rollouts budgets coincide."),
+    "b_population": ("Paper B: population sweep on {ablation_task}. Final train reward (mean fitness over "
+                     "the last 10% of iterations, 95% CI over seeds and iterations) per N at equal iterations; "
+                     "smallest_sufficient marks the smallest N whose reward is at least the largest N's minus 0.01 "
+                     "(paper: N = 16 within 0.01 of N = 64). budget=rollouts rows: each N's reward at the smallest "
+                     "total rollouts of the sweep."),
+    "b_entropy": ("Paper B: entropy over training (mean token entropy of the training rollouts, metrics.jsonl): "
+                  "first vs last 10% of steps and the relative change per run (95% CI over seeds and steps / runs); "
+                  "budget=rollouts / generated_tokens: entropy at matched budgets; and the test-time sampling "
+                  "entropy per token of the final checkpoints vs base (CI over seeds and prompts). Paper B: GRPO "
+                  "collapses, ES stays stable."),
+}
+
+
+def build_b_passk(data: StageInputs) -> pd.DataFrame:
+    rows = []
+    test = data.on_task(SINGLE_AND_SEQUENTIAL)
+    for (model, task, method), g in test.groupby(["model", "task", "method"], sort=True):
+        for k in passk_display_ks(data.setup["ks"][model]):
+            rows.append(stat({"model": model, "task": task, "variant": g["variant"].iloc[0]},
+                             ci_prompts(g, f"pass@{k}"), method=method, budget="iterations",
+                             matched_at="final checkpoint", metric=f"pass@{k}", n_seeds=g["seed"].nunique(),
+                             n_prompts=g["prompt"].nunique()))
+    rows += budget_rows(data.metrics, main_variants(data.metrics), "fitness_mean", "train reward")
+    return order_rows(pd.DataFrame(rows), ["model", "task", "budget", "metric", "method"])
+
+
+def table_b_passk(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["b_passk"]
+    notes = absent_notes(data.setup, sequential=True)
+    write_long_table(output, caption, build_b_passk(data), "no evaluations in this config",
+                     ["model", "task", "budget", "matched_at", "metric"], order=METHOD_ORDER, notes=notes)
+
+
+def easy_setting_cells(data: StageInputs) -> pd.DataFrame:
+    """Per (model, task, method in ES/GRPO, k in the two largest ks): method - base Pass@k, paired
+    per prompt; ``below`` = point estimate < 0, ``significant`` = CI upper bound < 0."""
+    rows = []
+    test = data.on_task({"base", "es", "grpo"})
+    for (model, task), g in test.groupby(["model", "task"], sort=True):
+        base = g[g["method"] == "base"]
+        ks = sorted(k for k in data.setup["ks"][model] if k > 1)[-2:]
+        for method in ("ES", "GRPO"):
+            run = g[g["method"] == method]
+            if run.empty or base.empty:
+                continue
+            for k in ks:
+                col = f"pass@{k}"
+                diff, lo, hi = paired_ci(run, base, col)
+                rows.append({"model": model, "task": task, "method": method, "k": k,
+                             "base": ci_prompts(base, col)[0], "trained": ci_prompts(run, col)[0],
+                             "value": diff, "value_lo": lo, "value_hi": hi,
+                             "below": bool(diff < 0), "significant": bool(hi < 0)})
+    return pd.DataFrame(rows)
+
+
+def easy_setting_counts(cells: pd.DataFrame) -> pd.DataFrame:
+    """Per (method, k): cells, cells below the base (point estimate) and significantly below."""
+    if cells.empty:
+        return pd.DataFrame(columns=["method", "k", "n_cells", "n_below", "n_significant", "cells_below"])
+    out = []
+    for (method, k), g in cells.groupby(["method", "k"], sort=True):
+        out.append({"method": method, "k": int(k), "n_cells": len(g), "n_below": int(g["below"].sum()),
+                    "n_significant": int(g["significant"].sum()),
+                    "cells_below": ", ".join(f"{m}/{t}" for m, t in zip(g.loc[g["below"], "model"],
+                                                                         g.loc[g["below"], "task"], strict=True))})
+    return pd.DataFrame(out)
+
+
+def table_b_easy_setting(data: StageInputs, output: dict) -> None:
+    cells = easy_setting_cells(data)
+    caption = CAPTIONS["b_easy_setting"]
+    if cells.empty:
+        return not_run_table(output, caption, "no trained runs to compare with the base model")
+    counts = easy_setting_counts(cells)
+    long = pd.concat([counts.assign(scope="total"), cells.assign(scope="cell")], ignore_index=True)
+    long = long[["scope", "method", "k", "n_cells", "n_below", "n_significant", "cells_below", "model", "task",
+                 "base", "trained", "value", "value_lo", "value_hi", "below", "significant"]]
+    long = long.rename(columns={"value": "diff", "value_lo": "diff_lo", "value_hi": "diff_hi"})
+    long = long.astype({"k": int, "n_cells": "Int64", "n_below": "Int64", "n_significant": "Int64",
+                        "below": "boolean", "significant": "boolean"})
+    write_table(long, output, caption, notes=absent_notes(data.setup))
+
+
+def build_b_sequential(data: StageInputs) -> pd.DataFrame:
+    setup = data.setup
+    task = setup["sequential_task"]
+    if task is None:
+        return pd.DataFrame()
+    test = data.on_task(SINGLE_AND_SEQUENTIAL)
+    test = test[test["task"] == task]
+    if not test["kind"].isin(["es->grpo", "grpo->es"]).any():
+        return pd.DataFrame()
+    rows = []
+    for model, gm in test.groupby("model"):
+        kmax = max(setup["ks"][model])
+        by_method = {m: g for m, g in gm.groupby("method")}
+        for metric in ("pass@1", f"pass@{kmax}"):
+            for method in [m for m in METHOD_ORDER if m in by_method]:
+                rows.append(stat({"model": model, "task": task, "metric": metric, "method": method},
+                                 ci_prompts(by_method[method], metric), contrast=""))
+            for a, b in SEQUENTIAL_CONTRASTS:
+                if a in by_method and b in by_method:
+                    rows.append(stat({"model": model, "task": task, "metric": metric, "method": f"{a} - {b}"},
+                                     paired_ci(by_method[a], by_method[b], metric), contrast="paired difference"))
+    return pd.DataFrame(rows)
+
+
+def table_b_sequential(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["b_sequential"]
+    write_long_table(output, caption, build_b_sequential(data), "no ES->GRPO / GRPO->ES runs in this config "
+                     "(needs es, grpo and sequential.task)", ["model", "task", "method"], columns="metric")
+
+
+def build_b_drift(data: StageInputs) -> pd.DataFrame:
+    drift = data.analysis("drift")
+    if drift.empty:
+        return pd.DataFrame()
+    drift = drift[drift["run_kind"].isin(["es", "grpo"])]
+    whole = drift_norms(drift).assign(module_type="all")
+    norms = pd.concat([whole, drift_norms(drift, ["module_type"])], ignore_index=True)
+    rows = []
+    for (model, task, module), g in norms.groupby(["model", "task", "module_type"], sort=True):
+        for method, gm in g.groupby("method"):
+            keys = {"model": model, "task": task, "module_type": module, "method": method}
+            rows.append(stat(keys, ci_values(gm["relative_l2"]), quantity="relative L2",
+                             n_seeds=gm["seed"].nunique()))
+            rows.append(stat(keys, ci_values(gm["share_sq"]), quantity="share of squared update",
+                             n_seeds=gm["seed"].nunique()))
+        es, grpo = g[g["method"] == "ES"], g[g["method"] == "GRPO"]
+        if not es.empty and not grpo.empty:
+            rows.append(stat({"model": model, "task": task, "module_type": module, "method": "ES/GRPO"},
+                             ratio_ci(es, grpo, "relative_l2"), quantity="relative L2 ratio",
+                             n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
+    return pd.DataFrame(rows)
+
+
+def table_b_drift(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["b_drift"]
+    write_long_table(output, caption, build_b_drift(data), "no parameter-drift analyses for this config's runs",
+                     ["model", "task", "module_type", "quantity"], order=RATIO_ORDER, notes=absent_notes(data.setup))
+
+
+def _sparsity_rows(keys: dict, runs: pd.DataFrame, metric: str) -> list[dict]:
+    rows = []
+    for kf, gk in runs[runs["kind"] == "top_fraction"].groupby("keep_fraction", sort=True):
+        extra = {"kind": "top_fraction", "keep_fraction": float(kf), "module_type": "",
+                 "n_kept": float(gk["n_kept"].mean()) if "n_kept" in gk else np.nan,
+                 "n_changed": float(gk["n_changed"].mean()) if "n_changed" in gk else np.nan,
+                 "n_runs": gk["run"].nunique()}
+        rows.append(stat(keys, ci_values(gk[metric]), quantity="accuracy", **extra))
+        rows.append(stat(keys, ci_values(gk[f"retained_{metric}"]), quantity="retained gain", **extra))
+    for module_type, gk in runs[runs["kind"] == "reset_module"].groupby("module_type", sort=True):
+        extra = {"kind": "reset_module", "keep_fraction": np.nan, "module_type": module_type,
+                 "n_runs": gk["run"].nunique()}
+        rows.append(stat(keys, ci_values(gk[metric]), quantity="accuracy", **extra))
+        rows.append(stat(keys, ci_values(gk[f"lost_{metric}"]), quantity="share of gain lost", **extra))
+    return rows
+
+
+def build_b_sparsity(data: StageInputs) -> pd.DataFrame:
+    sparsity = sparsity_frame(data)
+    if sparsity.empty:
+        return pd.DataFrame()
+    rows = []
+    for (model, task, method), g in sparsity.groupby(["model", "task", "method"], sort=True):
+        for metric in (m for m in ACCURACY_METRICS if m in g):
+            rows += _sparsity_rows({"model": model, "task": task, "method": method, "metric": metric}, g, metric)
+    return pd.DataFrame(rows)
+
+
+def table_b_sparsity(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["b_sparsity"]
+    long = build_b_sparsity(data)
+    if long.empty:
+        return not_run_table(output, caption, "no sparsity analyses for this config's runs")
+    long = long.assign(keep=long["keep_fraction"].map(lambda v: "" if pd.isna(v) else f"{v:g}"))
+    shown = wide(long, ["model", "task", "method", "kind", "keep", "module_type"], columns="quantity")
+    write_table(long.drop(columns=["keep"]), output, caption, display_frame(shown))
+
+
+def _ablation_setting_rows(keys: dict, sets: dict, curves: pd.DataFrame, metrics: list[str]) -> list[dict]:
+    """Each ablation setting's test metrics and final train reward."""
+    rows = []
+    for label, g in sets.items():
+        if label == "one-sided":
+            continue
+        variant = g["variant"].iloc[0]
+        for metric in metrics:
+            rows.append(stat({**keys, "variant": variant, "setting": label, "metric": f"test {metric}"},
+                             ci_prompts(g, metric), n_seeds=g["seed"].nunique()))
+        curve = tail(curves[curves["variant"] == variant])
+        rows.append(stat({**keys, "variant": variant, "setting": label, "metric": "final train reward"},
+                         ci_curve(curve, "fitness_mean"), n_seeds=curve["seed"].nunique()))
+    return rows
+
+
+def _ablation_contrast_rows(keys: dict, sets: dict, curves: pd.DataFrame, metrics: list[str]) -> list[dict]:
+    """Paired differences between settings: per prompt on test metrics, per iteration on the train reward."""
+    rows = []
+    for name, a, b in ABLATION_CONTRASTS:
+        if a not in sets or b not in sets:
+            continue
+        for metric in metrics:
+            rows.append(stat({**keys, "variant": "", "setting": name, "metric": f"test {metric}"},
+                             paired_ci(sets[a], sets[b], metric), n_seeds=sets[a]["seed"].nunique()))
+        curve_a = tail(curves[curves["variant"] == sets[a]["variant"].iloc[0]])
+        curve_b = tail(curves[curves["variant"] == sets[b]["variant"].iloc[0]])
+        rows.append(stat({**keys, "variant": "", "setting": name, "metric": "final train reward"},
+                         paired_ci(curve_a, curve_b, "fitness_mean", unit="iteration"),
+                         n_seeds=curve_a["seed"].nunique() if not curve_a.empty else 0))
+    return rows
+
+
+def build_b_ablations(data: StageInputs) -> pd.DataFrame:
+    setup = data.setup
+    task, n = setup["ablation_task"], setup["main_n"]
+    if task is None or n is None:
+        return pd.DataFrame()
+    prompts, curves = ablation_frames(data)
+    if prompts.empty and curves.empty:
+        return pd.DataFrame()
+    rows = []
+    for model in sorted(set(prompts["model"]) if not prompts.empty else set(curves["model"])):
+        model_prompts = prompts[prompts["model"] == model] if not prompts.empty else prompts
+        model_curves = curves[curves["model"] == model] if not curves.empty else curves
+        sets = ablation_sets(model_prompts, n)
+        if len(sets) < 2 or not ({"rank", "none", "antithetic"} & set(sets)):
+            continue
+        metrics = ["greedy", "mean@n", f"pass@{max(setup['ks'][model])}"]
+        keys = {"model": model, "task": task}
+        rows += _ablation_setting_rows(keys, sets, model_curves, metrics)
+        rows += _ablation_contrast_rows(keys, sets, model_curves, metrics)
+    return pd.DataFrame(rows)
+
+
+def table_b_ablations(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["b_ablations"].format(**data.setup)
+    write_long_table(output, caption, build_b_ablations(data), "no ES ablation runs in this config "
+                     "(es.ablations.normalization / antithetic)", ["model", "task", "setting", "variant"],
+                     columns="metric")
+
+
+def _mark_smallest_sufficient(rewards: pd.DataFrame) -> pd.DataFrame:
+    out = pd.concat([r.assign(budget="iterations", matched_at="final (last 10% of iterations)")
+                     for _, r in rewards.groupby("model")], ignore_index=True)
+    out["smallest_sufficient"] = False
+    for model, g in out.groupby("model"):
+        best = smallest_sufficient(dict(zip(g["population"], g["value"], strict=True)))
+        out.loc[(out["model"] == model) & (out["population"] == best), "smallest_sufficient"] = True
+    return out
+
+
+def build_b_population(data: StageInputs) -> pd.DataFrame:
+    if data.setup["ablation_task"] is None:
+        return pd.DataFrame()
+    _, curves = ablation_frames(data)
+    rewards = population_rewards(curves)
+    if rewards.empty or rewards["population"].nunique() < 2:
+        return pd.DataFrame()
+    out = _mark_smallest_sufficient(rewards)
+    # each population's curve at the smallest total rollouts of the sweep
+    sweep = curves[curves["kind"].isin(["es", "es_pop"])]
+    population = population_of_variant(sweep)
+    extra = [{**r, "population": population[r["variant"]], "smallest_sufficient": None}
+             for r in budget_rows(sweep, sorted(set(sweep["variant"])), "fitness_mean", "train reward")
+             if r["budget"] == "rollouts"]
+    if extra:
+        out = pd.concat([out, pd.DataFrame(extra)], ignore_index=True)
+    out["population"] = out["population"].astype(int)
+    if "at_step" not in out:
+        out["at_step"] = None
+    out["at_step"] = out["at_step"].where(out["budget"] == "rollouts", out["iterations"].astype(str))
+    cols = ["model", "task", "budget", "matched_at", "population", "at_step", "total_rollouts", "n_seeds",
+            "smallest_sufficient", "value", "value_lo", "value_hi"]
+    out = out.rename(columns={"rollouts": "total_rollouts"})
+    return out[cols].sort_values(["model", "budget", "population"], kind="stable").reset_index(drop=True)
+
+
+def table_b_population(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["b_population"].format(**data.setup)
+    long = build_b_population(data)
+    if long.empty:
+        return not_run_table(output, caption, "no population sweep (es.ablations.population_sizes) in this config")
+    write_table(long.rename(columns={"value": "reward", "value_lo": "reward_lo", "value_hi": "reward_hi"}),
+                output, caption)
+
+
+def _entropy_change_rows(curves: pd.DataFrame, changes: pd.DataFrame) -> list[dict]:
+    rows = []
+    for (model, task, method), g in changes.groupby(["model", "task", "method"], sort=True):
+        keys = {"model": model, "task": task, "method": method, "budget": "iterations"}
+        curve = curves[(curves["model"] == model) & (curves["task"] == task) & (curves["method"] == method)]
+        rows.append(stat(keys, ci_curve(tail(curve, first=True), "entropy"), metric="train entropy, first 10%",
+                         matched_at="whole run"))
+        rows.append(stat(keys, ci_curve(tail(curve), "entropy"), metric="train entropy, last 10%",
+                         matched_at="whole run"))
+        rows.append(stat(keys, ci_values(g["relative_change"]), metric="train entropy last/first - 1",
+                         matched_at="whole run"))
+    variants = main_variants(curves)
+    rows += [{**r, "metric": "train entropy at budget"} for r in
+             budget_rows(curves, variants, "entropy", "entropy") if r["budget"] != "iterations"]
+    return rows
+
+
+def build_b_entropy(data: StageInputs) -> pd.DataFrame:
+    curves = data.metrics
+    curves = curves[curves["variant"].isin(main_variants(curves))] if not curves.empty else curves
+    changes = entropy_change(curves) if not curves.empty else pd.DataFrame()
+    rows = _entropy_change_rows(curves, changes) if not changes.empty else []
+    test = data.on_task({"base", "es", "grpo"})
+    for (model, task, method), g in test.groupby(["model", "task", "method"], sort=True):
+        rows.append(stat({"model": model, "task": task, "method": method, "budget": "iterations"},
+                         ci_prompts(g, "entropy"), metric="test sampling entropy (per token)",
+                         matched_at="final checkpoint"))
+    return order_rows(pd.DataFrame(rows), ["model", "task", "budget", "metric", "method"])
+
+
+def table_b_entropy(data: StageInputs, output: dict) -> None:
+    caption = CAPTIONS["b_entropy"]
+    write_long_table(output, caption, build_b_entropy(data), "no ES / GRPO runs in this config",
+                     ["model", "task", "budget", "matched_at", "metric"], order=METHOD_ORDER,
+                     notes=absent_notes(data.setup))

@@ -1,0 +1,223 @@
+"""What each paper table and figure reads, and the kinds of run it reads them for.
+
+This is the one report module ``rules/common.smk`` imports (the input functions of the table and
+figure rules): it imports neither pandas nor torch, so the DAG parse stays light. A run's kind
+(``es``, ``es_pop``, ``grpo``, ``cl_es``, ...) is its role in the grid: the run name
+(:func:`esgrpo.runs.parse_run_name`) read against the config's main population and group size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from esgrpo.config import judged_on
+from esgrpo.runs import continual_stage_one, parse_run_name, planned_runs
+
+BASE = "base"  # the base model's evaluation folder and the "run" of its rows
+ANALYSES = ("drift", "theory", "cosine", "sparsity", "kl", "interpolation")
+METHOD = {"base": "base", "es": "ES", "grpo": "GRPO", "es->grpo": "ES->GRPO", "grpo->es": "GRPO->ES",
+          "cl_es": "ES", "cl_grpo": "GRPO", "es_pop": "ES", "es_norm": "ES", "es_anti": "ES",
+          "grpo_group": "GRPO"}
+METHOD_ORDER = ["base", "ES", "GRPO", "ES->GRPO", "GRPO->ES"]
+RATIO_ORDER = ["ES", "GRPO", "ES/GRPO"]  # columns of the update-norm tables
+ES_KINDS = {"es", "es_pop", "es_norm", "es_anti"}
+# runs the alpha*sqrt(T d/N) theory is about: z-scored fitness (sum z^2 = N), independent members
+ZSCORE_ONE_SIDED = {"es", "es_pop", "cl_es", "grpo->es"}
+# Per-run analyses computed for every planned run: a stage-1 main run's file also stands for its
+# continual alias. (Sparsity and KL are computed for main runs only and are not aliased.)
+ALIASED_ANALYSES = ("drift", "theory")
+
+
+def run_kind(run: str, main_n: int | None, main_g: int | None) -> str:
+    """base | es | es_pop | es_norm | es_anti | es_snap | grpo | grpo_group | es->grpo | grpo->es | cl_es | cl_grpo."""
+    if run == BASE:
+        return BASE
+    name = parse_run_name(run)
+    if name.family == "snapshot":
+        return "es_snap"
+    if name.family == "es":
+        if name.normalization != "zscore":
+            return "es_norm"
+        if name.antithetic:
+            return "es_anti"
+        return "es" if name.population == main_n else "es_pop"
+    if name.family == "grpo":
+        return "grpo" if name.group == main_g else "grpo_group"
+    if name.family == "sequential":
+        return f"{name.first}->{name.method}"
+    return f"cl_{name.method}"
+
+
+def method_of(run: str, kind: str) -> str:
+    """The method column: METHOD of the kind; a snapshot says its budget (``ES (100 it)``)."""
+    if kind == "es_snap":
+        return snapshot_method(parse_run_name(run).iterations)
+    return METHOD[kind]
+
+
+def snapshot_method(iterations: int) -> str:
+    return f"ES ({iterations} it)"
+
+
+def paper_setup(config: dict) -> dict:
+    """What the paper stages need to know of the config (passed to every rule as a param)."""
+    es, grpo = config.get("es"), config.get("grpo")
+    seq = config.get("sequential") or {}
+    models, ks, n_samples, judged = {}, {}, {}, {}
+    for model, spec in config["models"].items():
+        ev = {**config.get("eval", {}), **spec.get("eval", {})}
+        n = int(ev.get("n_samples", 32))
+        models[model] = list(spec["tasks"])
+        judged[model] = {task: judged_on(config, model, task) for task in spec["tasks"]}
+        ks[model] = sorted({int(k) for k in ev.get("ks", [1, 2, 4, 8, 16, 32]) if k <= n} | {1})
+        n_samples[model] = n
+    continual = list(seq.get("continual") or [])
+    methods = [m for m in seq.get("continual_methods", ["es", "grpo"]) if config.get(m)] if continual else []
+    stage_one = [dict(zip(("task", "run", "alias"), continual_stage_one(config, m, s), strict=True))
+                 for m in methods for s in config[m].get("seeds", [0])]
+    return {
+        "models": models,
+        "judged_on": judged,
+        "ks": ks,
+        "n_samples": n_samples,
+        "has_es": bool(es),
+        "has_grpo": bool(grpo),
+        "main_n": int(es["population_sizes"][0]) if es else None,
+        "main_g": int(grpo["group_sizes"][0]) if grpo else None,
+        "sequential_task": seq.get("task") if (es and grpo) else None,
+        "continual": continual,
+        "continual_methods": methods,
+        "continual_stage_one": stage_one,
+        "ablation_task": ((es or {}).get("ablations") or {}).get("task"),
+    }
+
+
+def judged_tasks(setup: dict, model: str, train_task: str) -> list[str]:
+    """The evaluation tasks that measure training on `train_task` (esgrpo.config.judged_on)."""
+    return setup.get("judged_on", {}).get(model, {}).get(train_task, [train_task])
+
+
+# What each table / figure reads: input key -> run kinds ("base" = the base evaluation), and
+# where the runs must lie ("ablation" / "sequential": that task only).
+_TEST_ES_GRPO = {"base", "es", "grpo"}
+_ALL_SINGLE = {"base", "es", "grpo", "es->grpo", "grpo->es"}
+_CONTINUAL = {"base", "cl_es", "cl_grpo"}
+NEEDS: dict[str, dict] = {
+    "a_accuracy": {"prompts": _TEST_ES_GRPO | {"es_snap"}, "metrics": {"es", "grpo"}},
+    "a_sequential": {"prompts": _CONTINUAL},
+    "a_update_norms": {"drift": {"cl_es", "cl_grpo", "es", "grpo"}},
+    "a_heldout": {"prompts": _CONTINUAL},
+    "a_geometry": {"cosine": "all", "interpolation": "all", "kl": {"es", "grpo"}},
+    "b_passk": {"prompts": _ALL_SINGLE, "metrics": {"es", "grpo"}},
+    "b_easy_setting": {"prompts": _TEST_ES_GRPO},
+    "b_sequential": {"prompts": _ALL_SINGLE, "where": "sequential"},
+    "b_drift": {"drift": {"es", "grpo"}},
+    "b_sparsity": {"sparsity": "all", "prompts": {"base"}},
+    "b_ablations": {"prompts": {"es", "es_norm", "es_anti"}, "metrics": {"es", "es_norm", "es_anti"},
+                    "where": "ablation"},
+    "b_population": {"prompts": {"es", "es_pop"}, "metrics": {"es", "es_pop"}, "where": "ablation"},
+    "b_entropy": {"prompts": _TEST_ES_GRPO, "metrics": {"es", "grpo"}},
+    "passk_curves": {"prompts": _ALL_SINGLE},
+    "entropy_curves": {"metrics": {"es", "grpo"}},
+    "fitness_curves": {"metrics": {"es", "grpo"}},
+    "population_curves": {"metrics": {"es", "es_pop"}, "where": "ablation"},
+    "js_diversity_vs_passk_gain": {"prompts": ES_KINDS | {"base"}, "metrics": ES_KINDS},
+    "es_norm_theory": {"theory": "all"},
+    "drift_by_module": {"drift": {"es", "grpo"}},
+    "sparsity_curves": {"sparsity": "all", "prompts": {"base"}},
+    "interpolation": {"interpolation": "all"},
+    "kl_heatmap": {"kl": {"es", "grpo"}},
+    "sequential_matrix": {"prompts": _CONTINUAL},
+}
+PAPER_A_TABLES = ["a_accuracy", "a_sequential", "a_update_norms", "a_heldout", "a_geometry"]
+PAPER_B_TABLES = ["b_passk", "b_easy_setting", "b_sequential", "b_drift", "b_sparsity", "b_ablations",
+                  "b_population", "b_entropy"]
+PAPER_A_FIGURES = ["sequential_matrix", "es_norm_theory", "interpolation", "kl_heatmap", "fitness_curves"]
+PAPER_B_FIGURES = ["passk_curves", "entropy_curves", "population_curves", "js_diversity_vs_passk_gain",
+                   "drift_by_module", "sparsity_curves"]
+
+
+def merge_needs(names: Iterable[str]) -> dict:
+    """The union of what the stages `names` read (where-restrictions dropped)."""
+    out: dict = {}
+    for name in names:
+        for key, kinds in NEEDS[name].items():
+            if key == "where":
+                continue
+            if kinds == "all" or out.get(key) == "all":
+                out[key] = "all"
+            else:
+                out[key] = set(out.get(key, set())) | set(kinds)
+    return out
+
+
+# the claims judge what the tables and two figures measure
+NEEDS["claims"] = merge_needs(PAPER_A_TABLES + PAPER_B_TABLES + ["js_diversity_vs_passk_gain", "es_norm_theory"])
+
+
+def parse_analysis_path(path: str) -> dict | None:
+    """``.../analysis/{model}/{analysis}/{task}/{run or s<seed>}.csv`` -> its parts (None if not one)."""
+    parts = Path(path).parts
+    if len(parts) < 5 or parts[-5] != "analysis" or parts[-3] not in ANALYSES or not path.endswith(".csv"):
+        return None
+    return {"model": parts[-4], "analysis": parts[-3], "task": parts[-2], "stem": Path(path).stem}
+
+
+def stage_one_aliases(setup: dict) -> dict[tuple[str, str], str]:
+    """(task, main run) -> the continual name it also stands for (stage 1: ``cl_es-s0-k1``)."""
+    return {(a["task"], a["run"]): a["alias"] for a in setup.get("continual_stage_one", [])}
+
+
+def kinds_served(task: str, run: str, setup: dict) -> set[str]:
+    """The kinds a (task, run) file serves: its own, plus cl_* when it is stage 1 of a sequence."""
+    kinds = {run_kind(run, setup["main_n"], setup["main_g"])}
+    alias = stage_one_aliases(setup).get((task, run))
+    return kinds | {run_kind(alias, setup["main_n"], setup["main_g"])} if alias else kinds
+
+
+def _run_files(config: dict, setup: dict, needs: dict, results: str) -> dict[str, list[str]]:
+    """eval_prompts.jsonl / metrics.jsonl of every planned run of the kinds `needs` names."""
+    where = {"sequential": setup["sequential_task"], "ablation": setup["ablation_task"]}.get(needs.get("where"))
+    files: dict[str, list[str]] = {}
+    for key, filename in (("prompts", "eval_prompts.jsonl"), ("metrics", "metrics.jsonl")):
+        kinds = needs.get(key)
+        if not kinds:
+            continue
+        paths = []
+        for model in setup["models"]:
+            if BASE in kinds and key == "prompts":
+                paths.append(f"{results}/{model}/{BASE}/{filename}")
+            for task, run in planned_runs(config, model):
+                if where is not None and task != where:
+                    continue
+                if kinds_served(task, run, setup) & set(kinds):
+                    paths.append(f"{results}/{model}/{task}/{run}/{filename}")
+        files[key] = paths
+    return files
+
+
+def _analysis_files(setup: dict, needs: dict, analysis_paths: Sequence[str]) -> dict[str, list[str]]:
+    """The analysis CSVs among `analysis_paths` of the kinds `needs` names."""
+    files: dict[str, list[str]] = {}
+    for analysis in ANALYSES:
+        kinds = needs.get(analysis)
+        if not kinds:
+            continue
+        chosen = []
+        for path in analysis_paths:
+            parts = parse_analysis_path(str(path))
+            if parts is None or parts["analysis"] != analysis or parts["model"] not in setup["models"]:
+                continue
+            if kinds != "all" and not kinds_served(parts["task"], parts["stem"], setup) & set(kinds):
+                continue
+            chosen.append(str(path))
+        files[analysis] = sorted(set(chosen))
+    return files
+
+
+def paper_inputs(config: dict, name: str, analysis_paths: Sequence[str] = (), results: str = "results") -> dict:
+    """Input files of table / figure `name`: only what the config trains (via planned_runs)."""
+    setup = paper_setup(config)
+    needs = NEEDS[name]
+    return {**_run_files(config, setup, needs, results), **_analysis_files(setup, needs, analysis_paths)}

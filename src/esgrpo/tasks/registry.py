@@ -1,0 +1,42 @@
+"""Every task name the config may use, bound to its loader and verifier: one explicit table.
+
+The loaders' modules know nothing of this table (no registration at import time), so importing
+a loader never imports the registry and the registry imports each source once.
+"""
+
+from __future__ import annotations
+
+from esgrpo.tasks import hub, offline
+from esgrpo.tasks.base import TaskSpec
+
+# The papers' datasets, read from the Hugging Face Hub or a local copy (esgrpo.tasks.hub).
+HUB_TASKS: dict[str, TaskSpec] = {
+    "gsm8k": TaskSpec("gsm8k", "math", hub.load_gsm8k, "GSM8K grade-school maths (paper B, easy setting)"),
+    "deepscaler": TaskSpec("deepscaler", "math", hub.load_deepscaler,
+                           "DeepScaleR-Preview maths, train only (paper B, hard)", splits=("train",)),
+    "countdown": TaskSpec("countdown", "countdown", hub.load_countdown, "Countdown 3-4 numbers (paper A, Qiu et al.)"),
+    "math": TaskSpec("math", "math", hub.load_math, "MATH: 40/level train, MATH-500 test (paper A)"),
+    "boolq": TaskSpec("boolq", "yesno", hub.load_boolq, "BoolQ yes/no reading comprehension (paper A)"),
+    "chemistry": TaskSpec("chemistry", "choice", hub.load_chemistry,
+                          "SciKnowEval v2 chemistry 4-choice MCQ (paper A)"),
+}
+
+# The embedded default's miniatures of paper A's four kinds, generated offline (esgrpo.tasks.offline).
+OFFLINE_TASKS: dict[str, TaskSpec] = {
+    "countdown3": TaskSpec("countdown3", "countdown", offline.load_countdown3,
+                           "three one-digit numbers to a target (countdown in miniature)"),
+    "leg_count": TaskSpec("leg_count", "math", offline.load_leg_count, "legs of a few animals (a word problem)"),
+    "sum_choice": TaskSpec("sum_choice", "choice", offline.load_sum_choice,
+                           "a one-digit sum with four options (multiple choice)"),
+    "sum_yesno": TaskSpec("sum_yesno", "yesno", offline.load_sum_yesno, "is a claimed one-digit sum right (yes/no)"),
+}
+
+TASKS: dict[str, TaskSpec] = {**HUB_TASKS, **OFFLINE_TASKS}
+
+
+def get_task(name: str) -> TaskSpec:
+    """The task called `name`; a KeyError naming the known tasks otherwise."""
+    try:
+        return TASKS[name]
+    except KeyError:
+        raise KeyError(f"unknown task {name!r}; known tasks: {sorted(TASKS)}") from None

@@ -1,0 +1,218 @@
+"""The resource plan (esgrpo.plan): architectures and their parameter counts, the memory and runtime
+models, the paper configs' plans as shipped, a job that cannot fit, and the host-memory model
+against measured peaks of real training jobs on this CPU (benchmarks/plan_memory.py)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from esgrpo.plan import (
+    JobSpec,
+    PlanError,
+    architecture_for,
+    config_jobs,
+    from_config_json,
+    plan_config,
+    plan_job,
+    shipped,
+    write_plan,
+)
+from esgrpo.plan.architecture import shipped_architectures
+from esgrpo.plan.memory import GIB
+from esgrpo.plan.runtime import ANCHOR_CHECK, ANCHOR_SECONDS, anchor_check
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((REPO / name).read_text())
+
+
+# --------------------------------------------------------------------------- architectures
+
+
+@pytest.mark.parametrize("source", sorted(shipped_architectures()))
+def test_shipped_architecture_counts_match_the_published_totals(source):
+    arch = shipped(source)
+    published = arch.source["published_parameters"]["value"]
+    # Published totals are rounded to 3 significant digits (1.54B, 4.02B, 135M).
+    assert abs(arch.parameters / published - 1) < 0.005, (source, arch.parameters, published)
+    assert arch.source["config"].startswith("https://huggingface.co/")
+
+
+@pytest.mark.parametrize("model_type, extra", [
+    ("llama", {"tie_word_embeddings": True}),
+    ("qwen2", {"tie_word_embeddings": False}),
+    ("qwen3", {"tie_word_embeddings": True, "head_dim": 24}),
+])
+def test_count_equals_the_instantiated_model(tmp_path, model_type, extra):
+    """The count from config.json is what transformers builds: biases, q/k norms and tying included."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model(model_type, vocab_size=311, hidden_size=48, intermediate_size=100,
+                                  num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
+                                  max_position_embeddings=128, **extra)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(tmp_path)
+    arch = from_config_json(tmp_path)
+    assert arch.parameters == sum(p.numel() for p in model.parameters())
+    assert arch.model_type == model_type
+
+
+def test_qwen3_4b_kv_cache_per_token_and_full_context():
+    """The issue's arithmetic: 36 x 8 x 128 x 2 x 2 bytes = 144 KiB a token, ~36 GiB at 262,144 tokens."""
+    arch = shipped("Qwen/Qwen3-4B-Instruct-2507")
+    assert arch.kv_bytes_per_token("bfloat16") == 36 * 8 * 128 * 2 * 2 == 144 * 1024
+    assert arch.max_position_embeddings * arch.kv_bytes_per_token() / GIB == pytest.approx(36.0)
+
+
+def test_architecture_for_each_kind_of_source(tmp_path):
+    config = load("config.yaml")
+    default = architecture_for(config, "tiny", tmp_path)
+    block = config["default_model"]
+    assert (default.hidden_size, default.vocab_size) == (block["architecture"]["hidden_size"], block["vocab_size"])
+    # A built default model's own config.json wins over the block.
+    built = tmp_path / "tiny" / "base" / "model"
+    built.mkdir(parents=True)
+    (built / "config.json").write_text(json.dumps({**default.to_dict(), "vocab_size": 300, "model_type": "llama"}))
+    assert architecture_for(config, "tiny", tmp_path).vocab_size == 300
+    assert architecture_for(load("configs/smollm2.yaml"), "smollm2_135m", tmp_path).num_hidden_layers == 30
+    unknown = {"models": {"mystery": {"source": "someone/unknown-model-7b", "tasks": ["gsm8k"]}}}
+    with pytest.raises(PlanError, match="models.mystery: no architecture for source 'someone/unknown-model-7b'"):
+        architecture_for(unknown, "mystery", tmp_path)
+
+
+# --------------------------------------------------------------------------- runtime anchor
+
+
+def test_runtime_model_reproduces_the_es_anchors():
+    model = anchor_check()
+    for source, measured in ANCHOR_SECONDS.items():
+        assert model[source] == pytest.approx(measured, rel=1e-6)
+    source, measured = ANCHOR_CHECK  # not fitted: a check of the model's form
+    assert model[source] == pytest.approx(measured, rel=0.10)
+
+
+# --------------------------------------------------------------------------- the paper configs
+
+
+@pytest.fixture(scope="module", params=["paper_a", "paper_b"])
+def paper_plans(request):
+    return request.param, plan_config(load(f"configs/{request.param}.yaml"))
+
+
+def test_paper_configs_fit_as_shipped(paper_plans):
+    name, plans = paper_plans
+    config = load(f"configs/{name}.yaml")
+    from esgrpo.runs import planned_runs
+
+    trained = sum(1 for m in config["models"] for _, r in planned_runs(config, m) if "-it" not in r)
+    assert sum(p.job.rule == "train_run" for p in plans) == trained
+    for plan in plans:
+        assert plan.fits and plan.gpu_memory.total <= plan.gpu_available, plan.job.label
+        arch = plan.job.architecture
+        if plan.vllm_max_model_len is not None:  # never the model's full context (Qwen3-4B: 262,144)
+            assert plan.vllm_max_model_len == plan.job.prompt_tokens + plan.job.new_tokens
+            assert plan.vllm_max_model_len <= arch.max_position_embeddings
+            assert 0 < plan.vllm_gpu_memory_utilization <= 0.9
+        if plan.job.method == "grpo":
+            completions = plan.job.prompts * plan.job.samples
+            assert plan.gpus * plan.micro_batch * plan.grad_accum == completions
+            assert (plan.sharding == "zero3") == (plan.gpus > 1)
+        assert plan.runtime_s > 0 and plan.mem_mb > 0
+
+
+def test_grpo_at_7b_needs_sharding_on_h200_and_qwen3_engine_is_bounded():
+    plans = {p.job.label: p for p in plan_config(load("configs/paper_b.yaml"))}
+    grpo_7b = plans["train_run qwen2_5_7b/gsm8k/grpo-g8-s0"]
+    # 16 B/param x 7.6e9 = 113 GiB of training state alone: more than one H200 holds beside vLLM.
+    assert grpo_7b.gpus >= 2 and grpo_7b.sharding == "zero3"
+    a = {p.job.label: p for p in plan_config(load("configs/paper_a.yaml"))}
+    qwen3 = a["train_run qwen3_4b/countdown/grpo-g8-s0"]
+    assert qwen3.vllm_max_model_len < 4096 and qwen3.gpus == 1
+
+
+def test_a_job_that_cannot_fit_names_itself_what_it_needs_and_what_is_there():
+    arch = shipped("Qwen/Qwen2.5-7B-Instruct")
+    job = JobSpec("train_run", "qwen2_5_7b", "gsm8k", "grpo-g8-s0", "grpo", arch, gpu_type="a100_40", gpus=1,
+                  prompts=64, samples=8, new_tokens=2048)
+    with pytest.raises(PlanError) as err:
+        plan_job(job)
+    message = str(err.value)
+    assert "train_run qwen2_5_7b/gsm8k/grpo-g8-s0" in message
+    assert "a100_40 has 39.4 GiB" in message and "training state" in message
+    need = float(message.split("needs ")[1].split(" GiB")[0])
+    assert need > 113  # at least the 16 B/param state of 7.6e9 parameters
+
+
+def test_a_config_that_cannot_fit_stops_with_every_job_named(tmp_path):
+    config = load("configs/paper_b.yaml")
+    config["models"] = {"qwen2_5_7b": config["models"]["qwen2_5_7b"]}
+    from esgrpo.plan import PlanSettings
+
+    with pytest.raises(PlanError, match=r"job\(s\) cannot fit:") as err:
+        plan_config(config, PlanSettings(gpu_type="a100_40", grpo_gpus=1))
+    assert "train_run qwen2_5_7b/gsm8k/grpo-g8-s0: needs" in str(err.value)
+
+
+def test_write_plan_one_row_per_job(tmp_path):
+    config = load("configs/paper_b.yaml")
+    plans = plan_config(config)
+    write_plan(plans, tmp_path / "plan.csv", tmp_path / "plan.md")
+    rows = list(csv.DictReader((tmp_path / "plan.csv").open()))
+    assert len(rows) == len(plans) == len(config_jobs(config))
+    assert {"rule", "model", "task", "run", "method", "iterations", "gpus", "gpu_mem_gib", "gpu_avail_gib",
+            "host_mem_gib", "runtime_h"} <= set(rows[0])
+    md = (tmp_path / "plan.md").read_text()
+    assert md.count("\n| train_run |") == sum(p.job.rule == "train_run" for p in plans)
+    assert "**total**" in md
+
+
+def test_importing_the_plan_stays_light():
+    """The Snakemake DAG parse imports it: no torch, transformers or pandas."""
+    code = ("import sys, esgrpo.plan, yaml; esgrpo.plan.plan_config(yaml.safe_load(open('configs/paper_a.yaml')));"
+            "print(sorted(m for m in ('torch', 'transformers', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- host memory, measured
+
+
+@pytest.mark.slow
+def test_host_memory_model_within_25_percent_of_measured_peaks(tmp_path):
+    """Real ES and GRPO jobs (the workflow's train_run stage) at ~0.1M and ~4M parameters."""
+    out = tmp_path / "rss.json"
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "plan_memory.py"), "--cases", "tiny,4m",
+                    "--work", str(tmp_path), "--json", str(out)], check=True, cwd=REPO, timeout=1200)
+    rows = json.loads(out.read_text())
+    assert {(r["case"], r["method"]) for r in rows} == {(c, m) for c in ("tiny", "4m") for m in ("es", "grpo")}
+    for row in rows:
+        assert 0.75 <= row["ratio"] <= 1.25, row
+
+
+@pytest.mark.slow
+def test_gpu_smoke_script_logic_on_a_cpu(tmp_path):
+    """scripts/gpu_smoke.sh's Python part end to end on a CPU (--tiny), and its plans for the paper
+    shapes on an H200 (--dry-run): GRPO at 7B runs at a reduced depth, since 16 B/param do not fit."""
+    out = tmp_path / "smoke.json"
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), "--device", "cpu", "--tiny",
+                    "--work", str(tmp_path), "--json", str(out)], check=True, cwd=REPO, timeout=600)
+    cases = json.loads(out.read_text())
+    assert [c["case"].split()[1] for c in cases] == ["es", "grpo"]
+    assert all(c["measured_seconds_per_step"] > 0 and c["plan_host_gib"] > 0 for c in cases)
+    dry = tmp_path / "dry.json"
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), "--dry-run", "--work", str(tmp_path),
+                    "--json", str(dry)], check=True, cwd=REPO, timeout=600)
+    plans = {c["case"]: c for c in json.loads(dry.read_text())}
+    grpo_7b = [c for name, c in plans.items() if name.startswith("Qwen/Qwen2.5-7B") and " grpo " in name]
+    assert grpo_7b and "layers" in grpo_7b[0]["case"] and grpo_7b[0]["plan_gpu_total_gib"] <= 139.0
