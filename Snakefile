@@ -23,6 +23,7 @@ include: "rules/eval.smk"
 include: "rules/analysis.smk"
 include: "rules/tables.smk"
 include: "rules/paper.smk"
+include: "rules/plan.smk"
 
 
 rule all:

@@ -27,8 +27,10 @@ rule analysis_drift:
         f"{RESULTS}/benchmarks/analysis/{{model}}/drift/{{task}}/{{run}}.tsv"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=30,
+        mem_mb=planned("analysis_drift", "mem_mb", 4000),
+        runtime=planned("analysis_drift", "runtime", 30),
+        gpu=planned("analysis_drift", "gpu", 0),
+        gpu_model=planned("analysis_drift", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:
@@ -74,8 +76,10 @@ rule analysis_cosine:
         f"{RESULTS}/benchmarks/analysis/{{model}}/cosine/{{task}}/s{{seed}}.tsv"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=30,
+        mem_mb=planned("analysis_cosine", "mem_mb", 4000),
+        runtime=planned("analysis_cosine", "runtime", 30),
+        gpu=planned("analysis_cosine", "gpu", 0),
+        gpu_model=planned("analysis_cosine", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:
@@ -102,8 +106,10 @@ rule analysis_sparsity:
         f"{RESULTS}/benchmarks/analysis/{{model}}/sparsity/{{task}}/{{run}}.tsv"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=60,
+        mem_mb=planned("analysis_sparsity", "mem_mb", 4000),
+        runtime=planned("analysis_sparsity", "runtime", 60),
+        gpu=planned("analysis_sparsity", "gpu", 0),
+        gpu_model=planned("analysis_sparsity", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:
@@ -121,15 +127,17 @@ rule analysis_base_samples:
         kl=analysis_kl_settings,
         dtype=engine_dtype,
         device=engine_device,
-        batch_size=engine_batch_size,
+        batch_size=base_samples_batch_size,
     log:
         f"{RESULTS}/logs/analysis/{{model}}/base_samples/{{evaltask}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/base_samples/{{evaltask}}.tsv"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=30,
+        mem_mb=planned("analysis_base_samples", "mem_mb", 2000),
+        runtime=planned("analysis_base_samples", "runtime", 30),
+        gpu=planned("analysis_base_samples", "gpu", 0),
+        gpu_model=planned("analysis_base_samples", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:
@@ -157,8 +165,10 @@ rule analysis_kl:
         f"{RESULTS}/benchmarks/analysis/{{model}}/kl/{{task}}/{{run}}.tsv"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=30,
+        mem_mb=planned("analysis_kl", "mem_mb", 4000),
+        runtime=planned("analysis_kl", "runtime", 30),
+        gpu=planned("analysis_kl", "gpu", 0),
+        gpu_model=planned("analysis_kl", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:
@@ -191,8 +201,10 @@ rule analysis_interpolation:
         f"{RESULTS}/benchmarks/analysis/{{model}}/interpolation/{{task}}/s{{seed}}.tsv"
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=120,
+        mem_mb=planned("analysis_interpolation", "mem_mb", 4000),
+        runtime=planned("analysis_interpolation", "runtime", 120),
+        gpu=planned("analysis_interpolation", "gpu", 0),
+        gpu_model=planned("analysis_interpolation", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:

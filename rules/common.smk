@@ -7,6 +7,7 @@ from pathlib import Path
 
 from esgrpo.analysis.settings import analysis_config, analysis_eval_settings
 from esgrpo.config import check_config, judged_on, model_eval_tasks, software_env, task_splits
+from esgrpo.plan import Planner, PlanSettings, plan_row, total_gpu_hours
 from esgrpo.report import planning as paper_planning
 from esgrpo.runs import (
     RUN_PATTERN,
@@ -195,9 +196,13 @@ def eval_params(model):
     return {**config["eval"], **config["models"][model].get("eval", {})}
 
 
-def eval_settings(wildcards):
-    """The evaluation settings of the job's model."""
-    return eval_params(wildcards.model)
+def eval_base_settings(wildcards):
+    """The evaluation settings of the job's model, with the plan's engine choices (GPU configs)."""
+    return with_plan("eval_base", wildcards, eval_params(wildcards.model))
+
+
+def eval_run_settings(wildcards):
+    return with_plan("eval_run", wildcards, eval_params(wildcards.model))
 
 
 def engine_setting(wildcards, key, default):
@@ -213,8 +218,9 @@ def engine_device(wildcards):
     return engine_setting(wildcards, "device", "cpu")
 
 
-def engine_batch_size(wildcards):
-    return engine_setting(wildcards, "batch_size", 256)
+def base_samples_batch_size(wildcards):
+    default = {"batch_size": engine_setting(wildcards, "batch_size", 256)}
+    return with_plan("analysis_base_samples", wildcards, default)["batch_size"]
 
 
 # --- analyses ----------------------------------------------------------------------------------
@@ -276,13 +282,89 @@ def analysis_targets(model):
 ALL_ANALYSIS_TARGETS = [path for model in MODELS for path in analysis_targets(model)]
 
 
+# --- the resource plan -------------------------------------------------------------------------
+# What every job needs (GPU and host memory, runtime) and the settings that make it fit (GPUs,
+# micro-batches, vLLM's share and context), computed from the model's architecture for the GPU
+# type of the config's `plan:` block (esgrpo.plan; docs/cluster.md, "Resource plan"). A config
+# with GPU jobs is checked here, at parse time: a job that cannot fit stops the workflow with what
+# it needs and what the GPU has; its rules then take mem_mb, runtime, gpu and gpu_model from the
+# plan, and its trainers and engines the plan's settings. A CPU-only config (the embedded default)
+# keeps the rules' own resources and settings; `snakemake plan` still writes its plan.
+
+PLANNER = Planner(config, PlanSettings.from_config(config), analysis_targets=ALL_ANALYSIS_TARGETS)
+PLAN_SIZES_JOBS = PLANNER.targets_gpus
+if PLAN_SIZES_JOBS:
+    PLANNER.check()
+
+
+def plan_key(rule_name, wildcards):
+    """The plan's key of a job: (rule, model, task, run); eval_base's task and run are "base", the
+    pair analyses' run is s{seed}, analysis_base_samples' task is its evaluation task."""
+    if rule_name == "eval_base":
+        return (rule_name, wildcards.model, "base", "base")
+    if rule_name == "analysis_base_samples":
+        return (rule_name, wildcards.model, wildcards.evaltask, "base")
+    run = getattr(wildcards, "run", None) or f"s{wildcards.seed}"
+    return (rule_name, wildcards.model, wildcards.task, run)
+
+
+def planned(rule, name, cpu_default):
+    """The input function of resource `name` (mem_mb, runtime, gpu, gpu_model) of `rule`: the plan's,
+    mem_mb and runtime times the attempt (a retry resumes from its checkpoint with more of both);
+    `cpu_default` in a CPU-only config."""
+
+    def resource(wildcards, attempt):
+        if not PLAN_SIZES_JOBS:
+            return cpu_default
+        value = PLANNER.plan(*plan_key(rule, wildcards)).resources()[name]
+        return value * attempt if name in ("mem_mb", "runtime") else value
+
+    resource.__name__ = f"{rule}_{name}"
+    return resource
+
+
+def with_plan(rule, wildcards, settings):
+    """`settings` with the plan's choices for the job in place (GPU configs; JobPlan.applied_to)."""
+    if not PLAN_SIZES_JOBS:
+        return settings
+    return PLANNER.plan(*plan_key(rule, wildcards)).applied_to(settings)
+
+
+def train_settings(wildcards):
+    """The run's settings; a GRPO run's with the plan's micro-batches, processes, sharding and vLLM
+    share and context."""
+    settings = run_settings(wildcards)
+    return with_plan("train_run", wildcards, settings) if run_method(wildcards) == "grpo" else settings
+
+
+def es_engine(wildcards):
+    """The ES engine block (es.engine); for an ES run, with the plan's engines, vLLM share and context."""
+    engine = dict((config.get("es") or {}).get("engine") or {})
+    return with_plan("train_run", wildcards, engine) if run_method(wildcards) == "es" else engine
+
+
+def write_plan_files(csv_path, md_path, log_path):
+    """The `plan` rule: every job's plan as plan.csv and plan.md, the total in the log."""
+    PLANNER.write(csv_path, md_path)
+    plans = PLANNER.all()
+    Path(log_path).write_text(f"{len(plans)} jobs, {total_gpu_hours(plans):.1f} GPU-hours "
+                              f"({PLANNER.settings.gpu_type}): {csv_path}, {md_path}\n")
+
+
+def plan_fingerprint(wildcards):
+    """What the plan files hold, so that `snakemake plan` rewrites them when the config changes."""
+    return [plan_row(plan) for plan in PLANNER.all()]
+
+
 def analysis_eval(wildcards):
-    return analysis_eval_settings(eval_params(wildcards.model), ANALYSIS["eval"])
+    settings = analysis_eval_settings(eval_params(wildcards.model), ANALYSIS["eval"])
+    return with_plan("analysis_sparsity", wildcards, settings)
 
 
 def analysis_interpolation_eval(wildcards):
     overrides = {**ANALYSIS["eval"], **ANALYSIS["interpolation_eval"]}
-    return analysis_eval_settings(eval_params(wildcards.model), overrides)
+    settings = analysis_eval_settings(eval_params(wildcards.model), overrides)
+    return with_plan("analysis_interpolation", wildcards, settings)
 
 
 def analysis_kl_settings(wildcards):

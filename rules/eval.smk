@@ -10,7 +10,7 @@ rule eval_base:
         prompts=f"{RESULTS}/{{model}}/base/eval_prompts.jsonl",
     params:
         model=base_model_ref,
-        eval=eval_settings,
+        eval=eval_base_settings,
         eval_tasks=eval_tasks,
         run="base",
         train_task="none",
@@ -20,8 +20,10 @@ rule eval_base:
         f"{RESULTS}/benchmarks/{{model}}/base/eval.tsv"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=60,
+        mem_mb=planned("eval_base", "mem_mb", 2000),
+        runtime=planned("eval_base", "runtime", 60),
+        gpu=planned("eval_base", "gpu", 0),
+        gpu_model=planned("eval_base", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:
@@ -37,7 +39,7 @@ rule eval_run:
         prompts=f"{RESULTS}/{{model}}/{{task}}/{{run}}/eval_prompts.jsonl",
     params:
         model=run_model,
-        eval=eval_settings,
+        eval=eval_run_settings,
         eval_tasks=eval_tasks,
         run="{run}",
         train_task="{task}",
@@ -47,8 +49,10 @@ rule eval_run:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/eval.tsv"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=60,
+        mem_mb=planned("eval_run", "mem_mb", 2000),
+        runtime=planned("eval_run", "runtime", 60),
+        gpu=planned("eval_run", "gpu", 0),
+        gpu_model=planned("eval_run", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:

@@ -14,12 +14,12 @@ rule train_run:
         summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/summary.json",
     params:
         method=run_method,
-        settings=run_settings,
+        settings=train_settings,
         labels=run_labels,
         init_model=init_model_ref,
         progress_dir=f"{RESULTS}/progress/{{model}}/{{task}}/{{run}}",
         es_backend=config.get("es", {}).get("backend", "hf"),
-        es_engine=config.get("es", {}).get("engine", {}),
+        es_engine=es_engine,
     log:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/train.log",
     benchmark:
@@ -28,8 +28,10 @@ rule train_run:
         run=TRAINED_RUN_PATTERN,
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=120,
+        mem_mb=planned("train_run", "mem_mb", 4000),
+        runtime=planned("train_run", "runtime", 120),
+        gpu=planned("train_run", "gpu", 0),
+        gpu_model=planned("train_run", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:

@@ -40,7 +40,8 @@ def expected_jobs(name: str) -> dict[str, int]:
     """Jobs per rule of `snakemake -n` (target `all`), from the papers' grids."""
     if name == "paper_a":
         single = len(PAPER_A_MODELS) * len(PAPER_A_TASKS) * 2            # ES N=30 and GRPO G=8, one seed
-        continual = len(PAPER_A_MODELS) * (len(PAPER_A_TASKS) - 1) * 2  # stages 2-4 x {ES, GRPO}; 1 = main run
+        # stages 2-4 x {ES, GRPO}, and ES stage 1 at the continual budget (100 it; GRPO's 1 = its main run)
+        continual = len(PAPER_A_MODELS) * ((len(PAPER_A_TASKS) - 1) * 2 + 1)
         runs = single + continual
         snapshots = len(PAPER_A_MODELS) * len(PAPER_A_TASKS)            # ES after 100 of its 300 iterations
         return {"prepare_task": 4, "eval_base": 2, "train_run": runs, "es_snapshot": snapshots,
@@ -79,6 +80,10 @@ def test_paper_a_settings_are_the_papers():
     assert gs["prompts_per_step"] * gs["steps"] * 8 == pytest.approx(40_000, rel=0.01)  # ~40k completions
     assert (gs["temperature"], gs["top_p"], gs["max_new_tokens"]) == (1.0, 0.95, 1024)
     assert c["sequential"]["continual"] == PAPER_A_TASKS
+    # per task: 100 ES iterations, 40,000 GRPO completions (configs/sequential/qwen_es.json, qwen_grpo.json)
+    budget = c["sequential"]["continual_budget"]
+    assert budget["es_iterations"] == 100
+    assert gs["prompts_per_step"] * budget["grpo_steps"] * 8 == pytest.approx(40_000, rel=0.01)
     ev = c["eval"]
     assert ev["greedy"] and ev["max_new_tokens"] == 1024 and ev["backend"] == "vllm" and ev["test_size"] is None
 
@@ -163,6 +168,31 @@ def test_dry_run_builds_the_whole_grid(name, tmp_path):
             assert counts.get(rule, 0) == 0, (rule, counts)
     for rule in tables:  # every table and figure of the paper is reachable from its rule
         assert counts.get(rule) == 1, (rule, counts)
+
+
+def dry_run_jobs(workdir: Path, configfile: Path, rule: str) -> list[dict[str, str]]:
+    """The wildcards of every job of `rule` in `snakemake -n` (target `all`)."""
+    out = subprocess.run([sys.executable, "-m", "snakemake", "all", "-n", "--snakefile", str(REPO / "Snakefile"),
+                          "--directory", str(workdir), f"--configfile={configfile}"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    jobs = re.findall(r"^rule (\w+):\n(.*?)(?:\n\n|\Z)", out.stdout, re.M | re.S)
+    return [dict(kv.split("=", 1) for kv in m[1].split(", "))
+            for name, body in jobs if name == rule and (m := re.search(r"wildcards: (.*)", body))]
+
+
+@pytest.mark.slow
+def test_dry_run_trains_continual_es_stages_at_the_papers_budget(tmp_path):
+    """`snakemake -n` of paper A: every continual ES stage, 1 to 4, is a train_run job whose settings
+    (rules/common.smk run_settings = run_spec) run 100 iterations; the single-task ES runs keep 300."""
+    c = load("paper_a")
+    jobs = dry_run_jobs(tmp_path, CONFIGS["paper_a"], "train_run")
+    iterations = {(j["model"], j["run"]): run_spec(c, j["task"], j["run"]).settings.get("iterations")
+                  for j in jobs}
+    for model in PAPER_A_MODELS:
+        assert [iterations[(model, f"cl_es-s0-k{k}")] for k in range(1, 5)] == [100] * 4
+        assert iterations[(model, "es-n30-s0")] == 300
+        assert (model, "cl_grpo-s0-k1") not in iterations  # GRPO's continual budget is its main run's
 
 
 @pytest.mark.slow

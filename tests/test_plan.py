@@ -127,7 +127,8 @@ def test_paper_configs_fit_as_shipped(paper_plans):
         if plan.job.method == "grpo":
             completions = plan.job.prompts * plan.job.samples
             assert plan.gpus * plan.micro_batch * plan.grad_accum == completions
-            assert (plan.sharding == "zero3") == (plan.gpus > 1)
+            # FSDP above one GPU: torch alone (envs/gpu.yaml has no DeepSpeed for ZeRO-3)
+            assert (plan.sharding == "fsdp") == (plan.gpus > 1)
         assert plan.runtime_s > 0 and plan.mem_mb > 0
 
 
@@ -135,7 +136,18 @@ def test_grpo_at_7b_needs_sharding_on_h200_and_qwen3_engine_is_bounded():
     plans = {p.job.label: p for p in plan_config(load("configs/paper_b.yaml"))}
     grpo_7b = plans["train_run qwen2_5_7b/gsm8k/grpo-g8-s0"]
     # 16 B/param x 7.6e9 = 113 GiB of training state alone: more than one H200 holds beside vLLM.
-    assert grpo_7b.gpus >= 2 and grpo_7b.sharding == "zero3"
+    assert grpo_7b.gpus >= 2 and grpo_7b.sharding == "fsdp"
+    settings = grpo_7b.trainer_settings()
+    assert settings["num_processes"] == grpo_7b.gpus and settings["sharding"] == "fsdp"
+    assert settings["activation_checkpointing"] is True
+    assert settings["vllm_max_model_length"] == grpo_7b.job.prompt_tokens + 2048
+    # what the train stage gets: the run's settings with the plan's choices, valid GRPOSettings
+    from esgrpo.grpo_settings import GRPOSettings
+    from esgrpo.runs import run_spec
+
+    merged = grpo_7b.applied_to(run_spec(load("configs/paper_b.yaml"), "gsm8k", "grpo-g8-s0").settings)
+    grpo = GRPOSettings.from_dict(merged)
+    assert grpo.num_processes * grpo.gradient_accumulation_steps * grpo_7b.micro_batch == 64 * 8
     a = {p.job.label: p for p in plan_config(load("configs/paper_a.yaml"))}
     qwen3 = a["train_run qwen3_4b/countdown/grpo-g8-s0"]
     assert qwen3.vllm_max_model_len < 4096 and qwen3.gpus == 1
@@ -162,6 +174,44 @@ def test_a_config_that_cannot_fit_stops_with_every_job_named(tmp_path):
     with pytest.raises(PlanError, match=r"job\(s\) cannot fit:") as err:
         plan_config(config, PlanSettings(gpu_type="a100_40", grpo_gpus=1))
     assert "train_run qwen2_5_7b/gsm8k/grpo-g8-s0: needs" in str(err.value)
+
+
+def test_engine_settings_reach_es_and_evaluation_blocks():
+    """vLLM ES engines and evaluation engines get the plan's share and context; a transformers evaluation
+    on a GPU its batch size."""
+    plans = {p.job.label: p for p in plan_config(load("configs/paper_b.yaml"))}
+    es = plans["train_run qwen2_5_7b/gsm8k/es-n32-s0"]
+    engine = es.applied_to({"dtype": "bfloat16"})
+    assert engine == {"dtype": "bfloat16", "num_engines": 4, "gpu_memory_utilization": es.vllm_gpu_memory_utilization,
+                      "max_model_len": es.job.prompt_tokens + 2048}
+    ev = plans["eval_base r1_distill_1_5b/base/base"]
+    block = ev.applied_to({"backend": "vllm", "max_new_tokens": 8192, "engine": {"enforce_eager": True}})
+    assert block["engine"] == {"enforce_eager": True, "gpu_memory_utilization": ev.vllm_gpu_memory_utilization,
+                               "max_model_len": ev.job.prompt_tokens + 8192}
+    from esgrpo.plan import PlanSettings, analysis_job
+
+    config = load("configs/paper_b.yaml")
+    job = analysis_job(config, "results/analysis/qwen2_5_7b/sparsity/gsm8k/grpo-g8-s0.csv",
+                       shipped("Qwen/Qwen2.5-7B-Instruct"), PlanSettings.from_config(config))
+    sparsity = plan_job(job)
+    assert (job.backend, job.device) == ("hf", "cuda")
+    assert sparsity.applied_to({"batch_size": 256}) == {"batch_size": sparsity.eval_batch}
+    assert 1 <= sparsity.eval_batch <= 256
+
+
+def test_host_memory_counts_the_fp32_copies_of_sharded_grpo_and_es():
+    """Sharded GRPO: every process loads the whole fp32 model first (4 B/param each) and rank 0 keeps two
+    fp32 copies (8 B/param); ES keeps one fp32 theta0 whatever its number of engines (4 B/param)."""
+    from esgrpo.plan.host import gpu_job_host
+
+    arch = shipped("Qwen/Qwen2.5-7B-Instruct")
+    p = arch.parameters
+    grpo = gpu_job_host(arch, "grpo", processes=4, engines=0)
+    assert grpo["load"]["fp32 model being loaded (per process)"] == 4 * 4 * p
+    assert grpo["train"]["callback theta0 + pre-step copies (fp32, rank 0)"] == 8 * p
+    for engines in (1, 4, 8):
+        es = gpu_job_host(arch, "es", processes=1, engines=engines)["train"]
+        assert es["fp32 master (one per job)"] == 4 * p
 
 
 def test_write_plan_one_row_per_job(tmp_path):
@@ -216,3 +266,52 @@ def test_gpu_smoke_script_logic_on_a_cpu(tmp_path):
     plans = {c["case"]: c for c in json.loads(dry.read_text())}
     grpo_7b = [c for name, c in plans.items() if name.startswith("Qwen/Qwen2.5-7B") and " grpo " in name]
     assert grpo_7b and "layers" in grpo_7b[0]["case"] and grpo_7b[0]["plan_gpu_total_gib"] <= 139.0
+
+
+# --------------------------------------------------------------------------- through Snakemake
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["paper_a", "paper_b"])
+def test_snakemake_plan_target_writes_the_plan_of_a_paper_config(tmp_path, name):
+    """`snakemake --configfile=configs/paper_X.yaml plan`: the parse-time check passes (every job fits as
+    shipped) and plan.csv / plan.md hold one row per job, the analyses and their GPU types included."""
+    from conftest import run_workflow
+
+    run_workflow(tmp_path, REPO / "configs" / f"{name}.yaml", targets=["plan"], cores=1)
+    rows = list(csv.DictReader((tmp_path / "results" / "plan.csv").open()))
+    config = load(f"configs/{name}.yaml")
+    from esgrpo.runs import planned_runs
+
+    trained = {(m, t, r) for m in config["models"] for t, r in planned_runs(config, m) if "-it" not in r}
+    assert {(r["model"], r["task"], r["run"]) for r in rows if r["rule"] == "train_run"} == trained
+    assert {r["rule"] for r in rows} >= {"train_run", "eval_base", "eval_run", "analysis_drift"}
+    for row in rows:
+        if row["gpu_mem_gib"]:
+            assert float(row["gpu_mem_gib"]) <= float(row["gpu_avail_gib"]) and row["gpu_type"] == "h200", row
+        assert float(row["runtime_h"]) > 0 and int(row["mem_mb"]) > 0
+    md = (tmp_path / "results" / "plan.md").read_text()
+    assert md.count("\n| train_run |") == len(trained) and "**total**" in md
+    assert "GPU-hours" in (tmp_path / "results" / "logs" / "plan.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_dag_with_a_job_that_cannot_fit_stops_at_parse_time(tmp_path):
+    """Qwen2.5-7B GRPO on one 40 GB A100 (no sharding): the workflow stops before any job, naming the
+    job, what it needs and what the GPU has."""
+    from conftest import run_workflow
+
+    config = load("configs/paper_b.yaml")
+    config["plan"] = {"gpu_type": "a100_40", "grpo_gpus": 1}
+    configfile = tmp_path / "too_small.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    with pytest.raises(Exception) as err:  # noqa: PT011 - Snakemake wraps the PlanError in its own error types
+        run_workflow(tmp_path / "wd", configfile, targets=["plan"], dryrun=True)
+    chain, found = [], err.value
+    while found is not None:  # the message of the PlanError, however deep Snakemake nests it
+        chain.append(str(found))
+        found = found.__cause__ or found.__context__
+    text = "\n".join(chain)
+    assert "train_run qwen2_5_7b/gsm8k/grpo-g8-s0: needs" in text, text[-3000:]
+    assert "a100_40 has 39.4 GiB" in text and "training state" in text
+    assert not (tmp_path / "wd" / "results").exists()

@@ -133,3 +133,43 @@ def test_evaluate_checkpoint_sizes_a_vllm_engine_for_its_longest_prompt(tiny, tm
     assert longest > max(len(ids) for ids in prompt_token_ids(tokenizer, short))  # the long task sets it
     assert built == [(str(tmp_path / "model"), "bfloat16", {"gpu_memory_utilization": 0.4, "max_model_len": longest + 6})]
     assert [e["eval_task"] for e in read_json(tmp_path / "eval.json")["evaluations"]] == ["short", "long"]
+
+
+def _vllm_outputs(rollouts) -> list:
+    """`rollouts` as vLLM's `RequestOutput`s with ``logprobs=0``: each token's entry holds the sampled token only."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(outputs=[SimpleNamespace(index=j, text=text, token_ids=ids,
+                                                     logprobs=[{t: lp} for t, lp in zip(ids, lps, strict=True)])
+                                     for j, (text, ids, lps) in enumerate(zip(texts, id_rows, lp_rows, strict=True))])
+            for texts, id_rows, lp_rows in zip(rollouts.texts, rollouts.token_ids, rollouts.logprobs, strict=True)]
+
+
+def test_sampled_nll_estimates_the_exact_entropy_at_temperature_one_only(tiny):
+    """vLLM's entropy on sampled rollouts (esgrpo.vllm_engine: the sampled tokens' -log p) against transformers'
+    exact entropy at the same positions: within sampling error at temperature 1; at temperature 0.5 the
+    sampled tokens are the likelier ones and -log p falls far below the entropy (why it is not used there)."""
+    import copy
+
+    import numpy as np
+
+    from esgrpo.vllm_engine import SAMPLED_NLL, entropy_estimator, rollouts_from_outputs
+
+    model, tokenizer, rows = tiny
+    peaked = copy.deepcopy(model)
+    with torch.no_grad():
+        peaked.model.norm.weight.mul_(12.0)  # logits x 12: ~1.3 nats instead of ~log V = 5.7
+    engine = HFEngine(peaked, tokenizer, batch_size=256)
+    for temperature, agrees in ((1.0, True), (0.5, False)):
+        sampled = engine.generate(rows[:16], n=16, temperature=temperature, max_new_tokens=12, seed=7)
+        estimate = rollouts_from_outputs(_vllm_outputs(sampled), 16, SAMPLED_NLL)
+        exact = np.array([e for per_prompt in sampled.entropies for seq in per_prompt for e in seq])
+        nll = np.array([e for per_prompt in estimate.entropies for seq in per_prompt for e in seq])
+        assert sampled.entropy_estimator == "exact" and estimate.entropy_estimator == "sampled_nll"
+        assert len(nll) == len(exact) > 1000 and 0.5 < exact.mean() < 3.5
+        error = (nll - exact).std() / math.sqrt(len(nll))  # E[-log p(x_t) - H_t | prefix] = 0 at temperature 1
+        gap = estimate.mean_entropy() - sampled.mean_entropy()
+        print(f"T={temperature}: exact {sampled.mean_entropy():.4f} nats, sampled -log p {estimate.mean_entropy():.4f}, "
+              f"gap {gap:+.4f}, standard error {error:.4f}, {len(nll)} tokens")
+        assert (abs(gap) < 4 * error) == agrees, (temperature, gap, error)
+        assert (entropy_estimator(temperature, 1.0, 20) == SAMPLED_NLL) == agrees

@@ -60,6 +60,34 @@ def test_sequential_runs_start_from_the_first_stage(config):
         run_spec(config, order[0], "cl_es-s0-k2")
 
 
+def test_continual_budget_gives_every_stage_its_own_budget(config):
+    """sequential.continual_budget: every stage at that budget; where it differs from the main run's, stage 1
+    is a run of its own (cl_es-s0-k1, from the base) that stage 2 starts from; where it equals the main
+    run's (GRPO here), stage 1 stays the main run. Without the block nothing changes."""
+    order, n, g = config["sequential"]["continual"], config["es"]["population_sizes"][0], 8
+    before = {(t, r): run_spec(config, t, r).settings for t, r in planned_runs(config, "tiny")}
+    es_its = config["es"]["settings"]["iterations"]
+    config["sequential"]["continual_budget"] = {"es_iterations": es_its + 7,
+                                                "grpo_steps": config["grpo"]["settings"]["steps"]}
+    runs = planned_runs(config, "tiny")
+    assert (order[0], "cl_es-s0-k1") in runs and (order[0], "cl_grpo-s0-k1") not in runs
+    assert continual_stage_one(config, "es", 0) is None
+    assert continual_stage_one(config, "grpo", 0) == (order[0], f"grpo-g{g}-s0", "cl_grpo-s0-k1")
+    for k, task in enumerate(order, 1):
+        spec = run_spec(config, task, f"cl_es-s0-k{k}")
+        assert spec.settings["iterations"] == es_its + 7 and "snapshots" not in spec.settings
+        assert {**spec.settings, "iterations": es_its} == _without_snapshots(before[(order[0], f"es-n{n}-s0")])
+    assert run_spec(config, order[0], "cl_es-s0-k1").init is None
+    assert run_spec(config, order[1], "cl_es-s0-k2").init == (order[0], "cl_es-s0-k1")
+    assert run_spec(config, order[1], "cl_grpo-s0-k2").init == (order[0], f"grpo-g{g}-s0")
+    # the other runs keep their settings
+    assert all(run_spec(config, t, r).settings == s for (t, r), s in before.items() if not r.startswith("cl_es"))
+
+
+def _without_snapshots(settings: dict) -> dict:
+    return {k: v for k, v in settings.items() if k != "snapshots"}
+
+
 def test_run_names_parse_back_to_what_formatted_them():
     cases = {
         es_name(8, 3, "rank", True): RunName("es", "es", 3, "es-n8-norm_rank-anti", population=8,

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import types
 from pathlib import Path
 
 import pytest
@@ -25,15 +24,6 @@ ES_RUN, GRPO_RUN = "es-n32-s0", "grpo-g8-s0"
 
 def profile() -> dict:
     return yaml.safe_load((PROFILE / "config.yaml").read_text())
-
-
-def resource(rule: str, name: str, model: str, run: str = ES_RUN, attempt: int = 1):
-    """A set-resources value as Snakemake evaluates it (expressions see wildcards and attempt)."""
-    value = profile()["set-resources"][rule][name]
-    if not isinstance(value, str):
-        return value
-    wildcards = types.SimpleNamespace(model=model, run=run, task="gsm8k")
-    return eval(value, {"wildcards": wildcards, "attempt": attempt, "threads": 8})
 
 
 # --------------------------------------------------------------------------- the profile itself
@@ -57,26 +47,37 @@ def test_profile_keys_are_real_flags():
         assert f"rule {rule}:" in text, rule
 
 
-def test_resources_follow_model_method_and_attempt():
-    assert resource("train_run", "gpu", "qwen3_4b", ES_RUN) == 4
-    assert resource("train_run", "gpu", "qwen3_4b", "cl_es-s0-k3") == 4
-    assert resource("train_run", "gpu", "qwen3_4b", "grpo-then-es-s0") == 4
-    assert resource("train_run", "gpu", "qwen3_4b", GRPO_RUN) == 1
-    assert resource("train_run", "gpu", "qwen3_4b", "es-then-grpo-s0") == 1
-    assert resource("train_run", "gpu", "tiny", ES_RUN) == 1
-    assert resource("train_run", "gpu_model", "qwen2_5_7b", GRPO_RUN) == "h200"
-    assert resource("train_run", "gpu_model", "qwen2_5_7b", ES_RUN) == ""
-    assert resource("train_run", "gpu_model", "qwen2_5_1_5b", GRPO_RUN) == ""
-    for rule in ("train_run", "eval_run", "eval_base"):
-        one, two = resource(rule, "mem_mb", "qwen2_5_7b"), resource(rule, "mem_mb", "qwen2_5_7b", attempt=2)
-        assert two == 2 * one > 0
-        assert resource(rule, "runtime", "qwen2_5_7b", attempt=3) == 3 * resource(rule, "runtime", "qwen2_5_7b")
-    assert resource("train_run", "mem_mb", "qwen2_5_7b") > resource("train_run", "mem_mb", "qwen2_5_1_5b")
-    # every paper model has its own sizes
+PLANNED_RULES = ("train_run", "eval_base", "eval_run", "analysis_drift", "analysis_cosine", "analysis_sparsity",
+                 "analysis_base_samples", "analysis_kl", "analysis_interpolation")
+
+
+def test_profile_keeps_only_site_settings():
+    """Sizes come from the resource plan (rules/common.smk): no job size or model name typed into the
+    profile, so a new model is sized from its architecture (or stops the parse), never given a default."""
+    p = profile()
+    text = (PROFILE / "config.yaml").read_text()
+    for rule in PLANNED_RULES:
+        assert not {"mem_mb", "runtime", "gpu", "gpu_model"} & set(p["set-resources"].get(rule, {})), rule
     for config in ("paper_a", "paper_b"):
         for model in yaml.safe_load((REPO / "configs" / f"{config}.yaml").read_text())["models"]:
-            assert resource("train_run", "mem_mb", model) > resource("train_run", "mem_mb", "unknown"), model
-            assert resource("train_run", "gpu", model, ES_RUN) > 1, model
+            assert model not in text, model
+    assert "wildcards.model" not in text
+    # the rules take every size from the plan
+    rules = "\n".join(path.read_text() for path in (REPO / "rules").glob("*.smk"))
+    for rule in PLANNED_RULES:
+        for name in ("mem_mb", "runtime", "gpu", "gpu_model"):
+            assert f'{name}=planned("{rule}", "{name}"' in rules, (rule, name)
+
+
+def planned_resources(config_name: str, rule: str, model: str, task: str, run: str) -> dict:
+    """What the plan gives a job of a shipped config, its defaults filled as the workflow fills them."""
+    from snakemake.utils import validate
+
+    from esgrpo.plan import Planner
+
+    config = yaml.safe_load((REPO / "configs" / f"{config_name}.yaml").read_text())
+    validate(config, str(REPO / "schemas" / "config.schema.yaml"))
+    return Planner(config).resources(rule, model, task, run)
 
 
 # --------------------------------------------------------------------------- a fake SLURM
@@ -178,16 +179,24 @@ def test_gpu_jobs_of_paper_b_get_gpus_memory_runtime_and_partition(fake_slurm, t
         assert matches, (rule, wildcards, sorted(calls))
         return matches[0]
 
-    es = one("train_run", "qwen2_5_7b_gsm8k_es-n32-s0")
-    assert flag(es, "-p") == "gpu" and flag(es, "--gpus") == "4" and flag(es, "--cpus-per-gpu") == "8"
-    assert flag(es, "--mem") == "160000" and flag(es, "-t") == "240" and "--requeue" in es
-    grpo = one("train_run", "qwen2_5_7b_gsm8k_grpo-g8-s0")
-    assert flag(grpo, "--gpus") == "h200:1" and flag(grpo, "-t") == "720"
-    small = one("train_run", "qwen2_5_1_5b_gsm8k_grpo-g8-s0")
-    assert flag(small, "--gpus") == "1" and flag(small, "--mem") == "48000"
-    ev = one("eval_base", "r1_distill_1_5b")
-    assert flag(ev, "-p") == "gpu" and flag(ev, "--gpus") == "1" and flag(ev, "-t") == "240"
-    assert flag(ev, "--mem") == "64000"
+    def sized_by_the_plan(args: list[str], rule: str, model: str, task: str, run: str) -> dict:
+        want = planned_resources("paper_b", rule, model, task, run)
+        assert flag(args, "-p") == "gpu" and flag(args, "--cpus-per-gpu") == "8" and "--requeue" in args
+        assert flag(args, "--gpus") == f"{want['gpu_model']}:{want['gpu']}", (args, want)
+        assert flag(args, "--mem") == str(want["mem_mb"]) and flag(args, "-t") == str(want["runtime"])
+        return want
+
+    es = sized_by_the_plan(one("train_run", "qwen2_5_7b_gsm8k_es-n32-s0"), "train_run", "qwen2_5_7b", "gsm8k",
+                           "es-n32-s0")
+    assert es["gpu"] == 4 and es["gpu_model"] == "h200"  # plan.es_gpus engines; configs/paper_b.yaml's plan block
+    grpo = sized_by_the_plan(one("train_run", "qwen2_5_7b_gsm8k_grpo-g8-s0"), "train_run", "qwen2_5_7b", "gsm8k",
+                             "grpo-g8-s0")
+    assert grpo["gpu"] == 2  # 7.6e9 x 16 B/param of training state: sharded over two H200s (FSDP)
+    small = sized_by_the_plan(one("train_run", "qwen2_5_1_5b_gsm8k_grpo-g8-s0"), "train_run", "qwen2_5_1_5b",
+                              "gsm8k", "grpo-g8-s0")
+    assert small["gpu"] == 1 and small["mem_mb"] < grpo["mem_mb"]
+    ev = sized_by_the_plan(one("eval_base", "r1_distill_1_5b"), "eval_base", "r1_distill_1_5b", "base", "base")
+    assert ev["gpu"] == 1
     for args in calls.values():  # the plugin never gets both --gres and --gpus, nor a CPU count per task on GPU jobs
         assert not (flag(args, "--gres") and flag(args, "--gpus"))
         if flag(args, "--gpus"):

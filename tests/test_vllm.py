@@ -18,7 +18,11 @@ from esgrpo.es import snapshot_dir, train_es
 from esgrpo.es_config import ESConfig
 from esgrpo.es_ops import member_seeds, tensor_noise
 from esgrpo.vllm_engine import (
+    SAMPLED_NLL,
     VLLMEngine,
+    entropy_estimator,
+    logprobs_to_request,
+    lumped_bound_name,
     lumped_topk_entropy,
     prompt_token_ids,
     request_seed,
@@ -310,7 +314,7 @@ class LocalEngine:
     def rpc(self, method, *args):
         return getattr(self.worker, method)(*args)
 
-    def evaluate_member(self, seed, sign, sigma, prompt_ids, sampling, sampling_seed):
+    def evaluate_member(self, seed, sign, sigma, prompt_ids, sampling, sampling_seed, estimator="none"):
         self.calls += 1
         name = "model.layers.0.mlp.gate_up_proj.weight"
         self.worker.es_perturb(seed, sigma, sign)
@@ -319,7 +323,9 @@ class LocalEngine:
                           - self.worker._es_theta[name].double().mean())
         finally:
             self.worker.es_restore()
-        return [("\\boxed{yes}" if shift > (ids[0] - 2) * 2e-5 else "\\boxed{no}", 3) for ids in prompt_ids]
+        # 3 tokens per completion, entropy sum 0.5 + prompt id (per token: (0.5 + id) / 3)
+        return [("\\boxed{yes}" if shift > (ids[0] - 2) * 2e-5 else "\\boxed{no}", 3, 0.5 + ids[0])
+                for ids in prompt_ids]
 
 
 def loaded_worker(folder: Path, dtype: torch.dtype, **es_init) -> FakeWorker:
@@ -354,8 +360,10 @@ def test_pool_spreads_members_and_keeps_engines_in_sync():
     texts = pool.generate_population(seeds_signs, 0.01, [[1], [2], [3]], {"temperature": 0.0}, None)
     assert len(texts) == 5 and all(len(m) == 3 for m in texts)
     assert [e.calls for e in engines] == [3, 2]
-    result = population_fitness(texts, _rows(3), _reward)
+    result = population_fitness(texts, _rows(3), _reward, "top20_lumped_lower_bound")
     assert result.fitness.shape == (5,) and result.rollouts == 15 and result.generated_tokens == 45
+    # token-weighted, as the transformers backend averages its exact entropy: sums (1.5 + 2.5 + 3.5) x 5 / 45 tokens
+    assert result.entropy == pytest.approx(7.5 * 5 / 45) and result.entropy_estimator == "top20_lumped_lower_bound"
     pool.apply_update(seeds_signs, [1.0, -1.0, 0.0, 0.5, -0.5], alpha=0.01)
     pool.check_in_sync()
     engines[1].worker.es_apply_update(seeds_signs[:1], [1.0], alpha=0.01)
@@ -376,6 +384,8 @@ def test_train_es_vllm_writes_a_loadable_run_and_resumes_identically(tmp_path):
                             tmp_path / "full_progress", log=lambda s: None)
     metrics = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [1, 2, 3, 4]
+    # greedy fitness (the default): the lumped top-20 bound, named in every row
+    assert all(m["entropy_estimator"] == lumped_bound_name(20) and m["entropy"] > 0 for m in metrics)
     assert summary["updates"] + summary["skipped"] == 4 and summary["updates"] >= 1
     assert summary["theory_distance"] > 0
     from transformers import AutoModelForCausalLM
@@ -696,6 +706,9 @@ def test_sampling_kwargs():
         with pytest.raises(ValueError):
             sampling_kwargs(args["n"], args["temperature"], args["top_p"], 8)
     assert request_seed(1, 2) != request_seed(2, 1) and request_seed(0, 5) == 5
+    # vLLM seeds sample j of a request with its seed + j: no two (prompt, sample) pairs of a call share a stream
+    streams = [request_seed(3, i, 16) + j for i in range(50) for j in range(16)]
+    assert len(set(streams)) == len(streams)
 
 
 def test_lumped_topk_entropy_is_exact_with_all_mass_and_a_lower_bound_otherwise():
@@ -715,15 +728,30 @@ def test_rollouts_from_outputs_orders_samples_and_reads_logprobs():
     lp = types.SimpleNamespace
     first = [{5: lp(logprob=-0.1), 6: lp(logprob=-2.5)}, {9: lp(logprob=-0.7), 5: lp(logprob=-0.9)}]
     outputs = [types.SimpleNamespace(outputs=[_completion(1, [7], "b", None), _completion(0, [5, 9], "a", first)])]
-    r = rollouts_from_outputs(outputs, n=2, entropy_topk=2)
+    r = rollouts_from_outputs(outputs, n=2, estimator=lumped_bound_name(2), entropy_topk=2)
     assert r.texts == [["a", "b"]] and r.token_ids == [[[5, 9], [7]]]
-    assert r.logprobs[0][0] == [-0.1, -0.7]
+    assert r.logprobs[0][0] == [-0.1, -0.7] and r.entropy_estimator == "top2_lumped_lower_bound"
     assert math.isnan(r.logprobs[0][1][0]) and math.isnan(r.entropies[0][1][0])  # missing: NaN, never 0
     assert r.entropies[0][0][0] == pytest.approx(lumped_topk_entropy([-0.1, -2.5]))
-    chosen, ent = token_logprobs_and_entropies([5], [{5: -0.2}], entropy_topk=0)
+    # the second token was sampled outside the top-1: the bound keeps the top-k only
+    assert r.entropies[0][0][1] == pytest.approx(lumped_topk_entropy([-0.7, -0.9]))
+    nll = rollouts_from_outputs(outputs, n=2, estimator=SAMPLED_NLL)
+    assert nll.entropies[0][0] == [0.1, 0.7] and nll.entropy_estimator == "sampled_nll"
+    chosen, ent = token_logprobs_and_entropies([5], [{5: -0.2}], "none")
     assert chosen == [-0.2] and math.isnan(ent[0])
+    with pytest.raises(ValueError, match="unknown entropy estimator"):
+        token_logprobs_and_entropies([5], [{5: -0.2}], lumped_bound_name(20), entropy_topk=5)
     with pytest.raises(ValueError, match="expected 3"):
-        rollouts_from_outputs(outputs, n=3, entropy_topk=1)
+        rollouts_from_outputs(outputs, n=3, estimator=SAMPLED_NLL)
+
+
+def test_entropy_estimator_is_the_sampled_nll_only_when_sampling_the_reported_distribution():
+    assert entropy_estimator(1.0, 1.0, 20) == SAMPLED_NLL
+    assert entropy_estimator(0.0, 1.0, 20) == entropy_estimator(0.6, 1.0, 20) == "top20_lumped_lower_bound"
+    assert entropy_estimator(1.0, 0.95, 5) == "top5_lumped_lower_bound"  # nucleus: not the raw distribution
+    assert entropy_estimator(0.0, 1.0, 0) == "none"
+    assert sampling_kwargs(1, 1.0, 1.0, 8, logprobs=logprobs_to_request(SAMPLED_NLL, 20))["logprobs"] == 0
+    assert logprobs_to_request(lumped_bound_name(20), 20) == 20
 
 
 def test_vllm_engine_generate_with_a_stand_in_llm(monkeypatch):
@@ -768,12 +796,19 @@ def test_vllm_engine_generate_with_a_stand_in_llm(monkeypatch):
                                                                              temperature=0.6, max_new_tokens=8))
     sampled_prompts, sampled_params = llm.calls[0]
     assert sampled_prompts[0]["prompt_token_ids"][0] == ord("<") % 50
-    assert [p["seed"] for p in sampled_params] == [request_seed(0, 0), request_seed(0, 1)]
+    assert [p["seed"] for p in sampled_params] == [request_seed(0, 0, 4), request_seed(0, 1, 4)] == [0, 4]
     assert all(p["n"] == 4 and p["logprobs"] == 2 for p in sampled_params)
     assert llm.calls[1][1][0]["temperature"] == 0.0 and llm.calls[1][1][0]["seed"] is None  # greedy pass
     assert summary["pass@1"] == pytest.approx(0.5) and summary["pass@4"] == pytest.approx(1.0)
-    assert math.isfinite(summary["entropy"]) and summary["entropy"] > 0
-    assert per_prompt[0]["correct"] == 2
+    # temperature 0.6: the lumped top-2 bound, per token of [1, 2]: {-0.5, -1.0} and {-0.1}
+    bound = (lumped_topk_entropy([-0.5, -1.0]) + lumped_topk_entropy([-0.1])) / 2
+    assert summary["entropy"] == pytest.approx(bound) and summary["entropy_estimator"] == "top2_lumped_lower_bound"
+    assert per_prompt[0]["correct"] == 2 and per_prompt[0]["entropy_estimator"] == "top2_lumped_lower_bound"
+    # temperature 1: the sampled tokens' mean negative log-prob, asking vLLM for the sampled token only
+    summary, _ = evaluate_rows(engine, rows, "math", EvalSettings(n_samples=2, ks=[1], temperature=1.0,
+                                                                  max_new_tokens=8, greedy=False))
+    assert all(p["logprobs"] == 0 for p in llm.calls[-1][1])
+    assert summary["entropy"] == pytest.approx((0.5 + 0.1) / 2) and summary["entropy_estimator"] == "sampled_nll"
 
 
 def test_es_engine_builds_vllm_without_prefix_caching(monkeypatch):
@@ -793,18 +828,31 @@ def test_es_engine_builds_vllm_without_prefix_caching(monkeypatch):
 
         def generate(self, prompts, params, use_tqdm=False):
             self.rpcs.append(("generate", len(prompts)))
-            comp = types.SimpleNamespace(text="t", token_ids=[1, 2])
+            self.params = params
+            comp = types.SimpleNamespace(text="t", token_ids=[1, 2], logprobs=[{1: -0.5, 7: -1.5}, {2: -0.25}])
             return [types.SimpleNamespace(outputs=[comp]) for _ in prompts]
 
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=dict))
     engine = VLLMESEngine("m", trainable=["*mlp*"])
     assert built["enable_prefix_caching"] is False and built["worker_extension_cls"] == WORKER_EXTENSION
     assert built["tensor_parallel_size"] == 1 and engine.info == {"tensors": 1}
-    out = engine.evaluate_member(5, -1.0, 0.01, [[1], [2]], {"temperature": 0.0, "max_tokens": 4}, None)
-    assert out == [("t", 2), ("t", 2)]
+    out = engine.evaluate_member(5, -1.0, 0.01, [[1], [2]], {"temperature": 1.0, "max_tokens": 4}, None, SAMPLED_NLL)
+    assert out == [("t", 2, 0.75), ("t", 2, 0.75)]  # text, tokens, sum of -log p of the sampled tokens
     # perturb, generate, then restore, in that order
     assert [r[0] for r in engine.llm.rpcs] == ["es_init", "es_perturb", "generate", "es_restore"]
     assert engine.llm.rpcs[1][1] == (5, 0.01, -1.0)
+
+    # the backend: greedy fitness asks for the top-k and logs the lumped bound; T=1 the sampled tokens' -log p
+    backend = VLLMESBackend(VLLMESPool([engine]), "m", {"a": [1], "b": [2]}, _reward, entropy_topk=2)
+    batch = [{"id": "a"}, {"id": "b"}]
+    greedy = backend.evaluate(member_seeds(0, 0, 2, False), batch, ESConfig(population_size=2), 0)
+    assert all(p["logprobs"] == 2 for p in engine.llm.params)
+    bound = (lumped_topk_entropy([-0.5, -1.5]) + lumped_topk_entropy([-0.25])) / 2
+    assert greedy.entropy == pytest.approx(bound) and greedy.entropy_estimator == "top2_lumped_lower_bound"
+    sampled = backend.evaluate(member_seeds(0, 0, 2, False), batch,
+                               ESConfig(population_size=2, fitness_temperature=1.0), 0)
+    assert all(p["logprobs"] == 0 for p in engine.llm.params)
+    assert sampled.entropy == pytest.approx((0.5 + 0.25) / 2) and sampled.entropy_estimator == "sampled_nll"
 
 
 # --------------------------------------------------------------------------- real vLLM (where vllm imports)
@@ -864,11 +912,47 @@ def test_real_vllm_engine_rollouts_match_transformers_greedy(real_engine):
     for lps, ids in zip(sampled.logprobs, sampled.token_ids, strict=True):
         assert len(lps) == 4 and all(len(lp) == len(i) and all(v <= 0 for v in lp) for lp, i in zip(lps, ids,
                                                                                                      strict=True))
-    assert 0 < sampled.mean_entropy() <= math.log(300)
+    assert sampled.entropy_estimator == "sampled_nll" and sampled.mean_entropy() > 0
     greedy = engine.generate(rows, n=1, temperature=0.0, max_new_tokens=12)
+    assert greedy.entropy_estimator == "top5_lumped_lower_bound" and 0 < greedy.mean_entropy() < math.log(300)
     reference = HFEngine(real_engine.model, real_engine.tokenizer).generate(rows, n=1, temperature=0.0,
                                                                            max_new_tokens=12)
     assert greedy.token_ids == reference.token_ids
+
+
+def _exact_entropies(model, prompt_ids: list[int], completions: list[list[int]]) -> list[list[float]]:
+    """Per generated token, transformers' exact entropy of the raw next-token distribution (teacher-forced)."""
+    out = []
+    with torch.no_grad():
+        for ids in completions:
+            logp = torch.log_softmax(model(torch.tensor([prompt_ids + ids])).logits[0].double(), -1)
+            positions = logp[len(prompt_ids) - 1:len(prompt_ids) - 1 + len(ids)]
+            out.append((-(positions.exp() * positions).sum(-1)).tolist())
+    return out
+
+
+@pytest.mark.vllm
+def test_real_vllm_entropy_estimates_against_transformers_exact_entropy(real_engine):
+    """On the same vLLM rollouts, transformers' exact entropy at each generated position: the sampled tokens'
+    -log p (temperature 1) agrees with it within sampling error; the lumped top-5 (greedy) lies below it."""
+    engine = VLLMEngine(str(real_engine.folder), llm=real_engine.llm, entropy_topk=5)
+    rows = _real_rows(8)
+    prompts = prompt_token_ids(real_engine.tokenizer, rows)
+    for temperature, n in ((1.0, 16), (0.0, 1)):
+        rollouts = engine.generate(rows, n=n, temperature=temperature, max_new_tokens=16, seed=3)
+        exact = np.array([e for ids, per_prompt in zip(prompts, rollouts.token_ids, strict=True)
+                          for seq in _exact_entropies(real_engine.model, ids, per_prompt) for e in seq])
+        values = np.array([e for per_prompt in rollouts.entropies for seq in per_prompt for e in seq])
+        assert len(values) == len(exact) > 0
+        if temperature == 1.0:
+            assert rollouts.entropy_estimator == "sampled_nll" and len(values) > 1000
+            error = (values - exact).std() / math.sqrt(len(values))  # per-token terms have mean 0 given the prefix
+            print(f"exact {exact.mean():.4f} nats, vLLM sampled -log p {values.mean():.4f} +- {error:.4f} "
+                  f"over {len(values)} tokens")
+            assert abs(values.mean() - exact.mean()) < 4 * error
+        else:
+            assert rollouts.entropy_estimator == "top5_lumped_lower_bound"
+            assert np.all(values <= exact + 1e-4) and values.mean() < exact.mean()
 
 
 @pytest.mark.vllm
@@ -937,6 +1021,9 @@ def test_real_train_es_vllm_writes_a_loadable_run(real_engine, tmp_path):
                             tmp_path / "progress", log=lambda s: None)
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [m["iteration"] for m in metrics] == [1, 2] and summary["updates"] >= 1
+    # greedy fitness: the lumped top-20 bound of the members' rollouts, finite and labelled
+    assert all(m["entropy_estimator"] == "top20_lumped_lower_bound" and 0 < m["entropy"] < math.log(300)
+               for m in metrics)
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model").state_dict()
     base = real_engine.model.state_dict()
     moved = {n for n in base if not torch.equal(trained[n], base[n])}

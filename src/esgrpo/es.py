@@ -204,6 +204,7 @@ def _iteration(backend: ESBackend, rows: list[Row], cfg: ESConfig, t: int, total
         "generated_tokens": totals["generated_tokens"],
         "seconds": totals["seconds"],
         "entropy": float(result.entropy),
+        "entropy_estimator": result.entropy_estimator,  # exact, or the vLLM backend's estimate / bound
         "js_diversity": population_js_diversity(result.success) if result.success is not None else math.nan,
         "skipped": skipped,
         "prompts": len(batch),

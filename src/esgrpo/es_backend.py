@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from esgrpo.rollout import ENTROPY_EXACT
+
 if TYPE_CHECKING:
     from esgrpo.es_config import ESConfig
 
@@ -36,8 +38,9 @@ class FitnessResult:
 
     fitness: [N] mean reward per member; success: [N, B] correct flags (reward >= 1) per member
     and prompt, for the population's JS diversity (None if unknown); generated_tokens: tokens
-    generated in this evaluation; entropy: mean token entropy (NaN if unknown); rollouts:
-    completions generated (None: N x B).
+    generated in this evaluation; entropy: mean token entropy (NaN if unknown), of the kind
+    `entropy_estimator` names ("exact" from the full distribution; the vLLM backend's estimate or
+    bound, `esgrpo.vllm_engine.entropy_estimator`); rollouts: completions generated (None: N x B).
     """
 
     fitness: np.ndarray
@@ -45,6 +48,7 @@ class FitnessResult:
     generated_tokens: int = 0
     entropy: float = math.nan
     rollouts: int | None = None
+    entropy_estimator: str = ENTROPY_EXACT
 
 
 @dataclass

@@ -53,7 +53,8 @@ def evaluate_rows(engine, rows: list[dict], verifier: str, settings: EvalSetting
         record = {
             "id": row["id"], "n": settings.n_samples, "correct": sum(correct),
             "tokens": sum(len(ids) for ids in sampled.token_ids[i]),
-            "entropy_sum": float(sum(entropies)), "boxed": sum(answer_key(t) is not None for t in sampled.texts[i]),
+            "entropy_sum": float(sum(entropies)), "entropy_estimator": sampled.entropy_estimator,
+            "boxed": sum(answer_key(t) is not None for t in sampled.texts[i]),
         }
         if greedy is not None:
             text = greedy.texts[i][0]
@@ -71,6 +72,7 @@ def evaluate_rows(engine, rows: list[dict], verifier: str, settings: EvalSetting
         f"maj@{settings.n_samples}": maj_at_n(votes),
         "boxed_rate": sum(r["boxed"] for r in per_prompt) / (len(rows) * settings.n_samples),
         "entropy": sum(r["entropy_sum"] for r in per_prompt) / max(tokens, 1),
+        "entropy_estimator": sampled.entropy_estimator,  # exact, or what vLLM's log-probs give
         "mean_completion_tokens": tokens / (len(rows) * settings.n_samples),
         "settings": asdict(settings),
     }

@@ -3,7 +3,8 @@
 `HFEngine` runs transformers `generate` (CPU or GPU) with prompts x samples batched
 together; the vLLM engine (GPU) lives in `esgrpo.vllm_engine` and returns the same
 `Rollouts`. Every completion carries its per-token log-probs and entropies under the
-model's raw (untempered) next-token distribution.
+model's raw (untempered) next-token distribution; `Rollouts.entropy_estimator` names what the
+entropies are (`ENTROPY_EXACT` here; vLLM gives an estimate or a bound, `esgrpo.vllm_engine`).
 
 Also the token facts every generator here shares (the ES population engine too): which ids end
 a turn (`eos_token_ids`) and how long a completion is through its first one (`lengths_through_eos`).
@@ -19,15 +20,22 @@ import torch
 
 from esgrpo.models import prompt_texts
 
+ENTROPY_EXACT = "exact"  # the full next-token distribution's entropy, per generated token
+
 
 @dataclass
 class Rollouts:
-    """Completions of each prompt: `texts[i][j]` is sample j of prompt i."""
+    """Completions of each prompt: `texts[i][j]` is sample j of prompt i.
+
+    entropy_estimator: what `entropies` hold, carried into evaluation summaries and metrics rows
+    so that exact values and estimates are never averaged or compared unlabelled.
+    """
 
     texts: list[list[str]]
     token_ids: list[list[list[int]]]
     logprobs: list[list[list[float]]] = field(repr=False)
     entropies: list[list[list[float]]] = field(repr=False)
+    entropy_estimator: str = ENTROPY_EXACT
 
     @property
     def num_tokens(self) -> int:

@@ -16,9 +16,12 @@ people read the same thing:
 | `es-n16-it10-s0`           | `es-n16-s0` after 10 of its iterations (`es.snapshots`):    |
 |                            | exported by that run, not trained again                     |
 
-Stage 1 of a continual sequence (train the main run's method on order[0] from the base) is the
-main run on order[0] itself, so it is not trained twice: `cl_es-s0-k2` starts from `es-n16-s0`
-on order[0], and tables read that run as `cl_es-s0-k1` (`continual_stage_one`).
+Continual stages train with the main run's settings, except for a budget of their own where
+`sequential.continual_budget` gives one (paper A: 100 ES iterations and ~79 GRPO steps per task,
+docs/references.md). Stage 1 (the method on order[0] from the base) is then the main run on
+order[0] itself when their budgets agree, so it is not trained twice: `cl_es-s0-k2` starts from
+`es-n16-s0` on order[0], and tables read that run as `cl_es-s0-k1` (`continual_stage_one`). When the
+budgets differ, stage 1 is a run of its own, `cl_es-s0-k1`, and stage 2 starts from it.
 """
 
 from __future__ import annotations
@@ -192,15 +195,31 @@ def _continual_spec(config: dict, task: str, run: str, name: RunName) -> RunSpec
         raise ValueError(f"run {run!r}: stage {stage} outside 1..{len(order)} (sequential.continual)")
     if order[stage - 1] != task:
         raise ValueError(f"run {run!r}: stage {stage} trains on {order[stage - 1]!r}, not {task!r}")
-    main = main_name(config, method, seed)
-    spec = run_spec(config, task, main)
     if stage == 1:
         init = None
     elif stage == 2:
-        init = (order[0], main)  # stage 1 is the main run (continual_stage_one)
+        init = continual_stage_one_run(config, method, seed)
     else:
         init = (order[stage - 2], continual_name(method, seed, stage - 1))
-    return RunSpec(method, _no_snapshots(spec.settings), seed, init=init, labels={"stage": stage})
+    return RunSpec(method, _continual_settings(config, method, seed), seed, init=init, labels={"stage": stage})
+
+
+# sequential.continual_budget key -> (method, the setting it sets)
+CONTINUAL_BUDGET_KEYS = {"es_iterations": ("es", "iterations"), "grpo_steps": ("grpo", "steps")}
+
+
+def _main_settings(config: dict, method: str, seed: int) -> dict:
+    """The main run's settings on the first continual task, without its snapshots."""
+    task = config["sequential"]["continual"][0]
+    return _no_snapshots(run_spec(config, task, main_name(config, method, seed)).settings)
+
+
+def _continual_settings(config: dict, method: str, seed: int) -> dict:
+    """A continual stage's settings: the main run's, at `sequential.continual_budget`'s budget if given."""
+    budget = (config.get("sequential") or {}).get("continual_budget") or {}
+    return {**_main_settings(config, method, seed),
+            **{setting: int(budget[key]) for key, (m, setting) in CONTINUAL_BUDGET_KEYS.items()
+               if m == method and key in budget}}
 
 
 def _no_snapshots(settings: dict) -> dict:
@@ -238,7 +257,7 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
         if not (es if method == "es" else grpo):
             continue
         for s in (es if method == "es" else grpo)["seeds"]:
-            runs.append(continual_stage_one(config, method, s)[:2])
+            runs.append(continual_stage_one_run(config, method, s))
             runs += [(t, continual_name(method, s, k)) for k, t in enumerate(seq["continual"], 1) if k >= 2]
     seen, unique = set(), []
     for item in runs:
@@ -248,8 +267,18 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
     return unique
 
 
-def continual_stage_one(config: dict, method: str, seed: int) -> tuple[str, str, str]:
+def continual_stage_one(config: dict, method: str, seed: int) -> tuple[str, str, str] | None:
     """(task, run, alias): the main run that is stage 1 of the continual sequence of `method` and
-    `seed`, and the continual name tables give it (``cl_es-s0-k1``)."""
+    `seed`, and the continual name tables give it (``cl_es-s0-k1``); None when the continual budget
+    differs from the main run's, so stage 1 is the run ``cl_es-s0-k1`` itself."""
     order = config["sequential"]["continual"]
-    return order[0], main_name(config, method, seed), continual_name(method, seed, 1)
+    main = main_name(config, method, seed)
+    if _continual_settings(config, method, seed) != _main_settings(config, method, seed):
+        return None
+    return order[0], main, continual_name(method, seed, 1)
+
+
+def continual_stage_one_run(config: dict, method: str, seed: int) -> tuple[str, str]:
+    """(task, run) trained as stage 1: the main run on order[0], or ``cl_es-s0-k1`` when budgets differ."""
+    alias = continual_stage_one(config, method, seed)
+    return alias[:2] if alias else (config["sequential"]["continual"][0], continual_name(method, seed, 1))

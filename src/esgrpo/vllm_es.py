@@ -47,8 +47,16 @@ from esgrpo.es_config import ESConfig
 from esgrpo.es_ops import apply_update, member_weights, select_trainable
 from esgrpo.io import atomic_directory
 from esgrpo.tensor_files import DEFAULT_SHARD_BYTES, TensorFiles, local_model_dir, write_shards
+from esgrpo.vllm_engine import (
+    NO_ENTROPY,
+    entropy_estimator,
+    logprobs_to_request,
+    sampling_kwargs,
+    token_logprobs_and_entropies,
+)
 from esgrpo.vllm_layout import config_value, fused_noise, is_fused, read_fused, unfuse_items, vocab_rows
 
+Completion = tuple[str, int, float]  # a completion as it leaves an engine: (text, tokens, entropy sum)
 WORKER_EXTENSION = "esgrpo.vllm_es.ESWorkerExtension"
 THETA_STEM = "theta"  # a checkpoint folder's theta*.safetensors (`es_save_theta`)
 
@@ -303,8 +311,14 @@ class VLLMESEngine:
         return self.llm.collective_rpc(method, args=tuple(args))[0]
 
     def evaluate_member(self, seed: int, sign: float, sigma: float, prompt_ids: Sequence[Sequence[int]],
-                        sampling: Mapping[str, Any], sampling_seed: int | None) -> list[tuple[str, int]]:
-        """(text, generated tokens) per prompt for member theta + sign * sigma * eps(seed)."""
+                        sampling: Mapping[str, Any], sampling_seed: int | None,
+                        estimator: str = NO_ENTROPY) -> list[Completion]:
+        """(text, generated tokens, entropy sum) per prompt for member theta + sign * sigma * eps(seed).
+
+        The entropy sum adds the completion's per-token values under `estimator`
+        (`esgrpo.vllm_engine.entropy_estimator`; the top-k is ``sampling["logprobs"]``): only three
+        numbers per completion leave the engine, never its log-probs.
+        """
         from vllm import SamplingParams
 
         self.rpc("es_perturb", int(seed), float(sigma), float(sign))
@@ -315,14 +329,18 @@ class VLLMESEngine:
                                         use_tqdm=False)
         finally:
             self.rpc("es_restore")
-        return [(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]
+        topk = int(sampling.get("logprobs") or 0)
+        completions = [o.outputs[0] for o in outputs]
+        return [(c.text, len(c.token_ids),
+                 float(sum(token_logprobs_and_entropies(list(c.token_ids), c.logprobs, estimator, topk)[1])))
+                for c in completions]
 
 
 class VLLMESPool:
     """A population spread over engines; every engine holds the same theta (checked by checksum).
 
     `engines` are Ray actor handles of `VLLMESEngine` (`launch`) or plain objects with the methods
-    ``rpc(method, *args)`` and ``evaluate_member(seed, sign, sigma, prompt_ids, sampling, seed0)``.
+    ``rpc(method, *args)`` and ``evaluate_member(seed, sign, sigma, prompt_ids, sampling, seed0, estimator)``.
     """
 
     def __init__(self, engines: Sequence[Any]):
@@ -361,11 +379,11 @@ class VLLMESPool:
 
     def generate_population(self, seeds_signs: Sequence[tuple[int, float]], sigma: float,
                             prompt_ids: Sequence[Sequence[int]], sampling: Mapping[str, Any],
-                            sampling_seed: int | None) -> list[list[tuple[str, int]]]:
-        """Per member, per prompt (text, tokens); member n runs on engine n mod E (E at a time)."""
+                            sampling_seed: int | None, estimator: str = NO_ENTROPY) -> list[list[Completion]]:
+        """Per member, per prompt (text, tokens, entropy sum); member n runs on engine n mod E (E at a time)."""
         futures = [_call(self.engines[n % len(self.engines)], "evaluate_member", int(seed), float(sign),
                          float(sigma), prompt_ids, dict(sampling),
-                         None if sampling_seed is None else int(sampling_seed))
+                         None if sampling_seed is None else int(sampling_seed), estimator)
                    for n, (seed, sign) in enumerate(seeds_signs)]
         return _wait(futures)
 
@@ -382,19 +400,22 @@ class VLLMESPool:
         return float(sums[0])
 
 
-def population_fitness(texts: Sequence[Sequence[tuple[str, int]]], rows: Sequence[dict],
-                       reward_fn: Callable[[str, dict], float]) -> FitnessResult:
-    """Fitness (mean reward per member), success flags and token counts from a population's completions."""
-    rewards = np.zeros((len(texts), len(rows)))
-    tokens = 0
-    for n, member in enumerate(texts):
+def population_fitness(completions: Sequence[Sequence[Completion]], rows: Sequence[dict],
+                       reward_fn: Callable[[str, dict], float], estimator: str = NO_ENTROPY) -> FitnessResult:
+    """Fitness (mean reward per member), success flags, token counts and the token-weighted mean entropy
+    (under `estimator`, as the transformers backend weights its exact one) from a population's completions."""
+    rewards = np.zeros((len(completions), len(rows)))
+    tokens, entropy_sum = 0, 0.0
+    for n, member in enumerate(completions):
         if len(member) != len(rows):
             raise ValueError(f"member {n}: {len(member)} completions for {len(rows)} prompts")
-        for b, ((text, count), row) in enumerate(zip(member, rows, strict=True)):
+        for b, ((text, count, entropy), row) in enumerate(zip(member, rows, strict=True)):
             rewards[n, b] = float(reward_fn(text, row))
             tokens += int(count)
+            entropy_sum += float(entropy)
     return FitnessResult(fitness=rewards.mean(axis=1), success=rewards >= 1.0, generated_tokens=tokens,
-                         entropy=math.nan, rollouts=int(rewards.size))
+                         entropy=entropy_sum / tokens if tokens else math.nan, entropy_estimator=estimator,
+                         rollouts=int(rewards.size))
 
 
 # --------------------------------------------------------------------------- HF checkpoint
@@ -440,15 +461,18 @@ class VLLMESBackend(ESBackend):
     prompt_ids: row id -> chat-formatted prompt token ids (`esgrpo.vllm_engine.prompt_token_ids`);
     reward_fn(completion_text, row) -> float. The pool's engines must have run ``es_init`` on the
     starting weights (`VLLMESPool.launch` does); checkpoints hold theta in vLLM layout, fp32; exports
-    are HF layout in `export_dtype`.
+    are HF layout in `export_dtype`. The metrics' entropy is not the transformers backend's exact one
+    but what the fitness rollouts' log-probs give (`esgrpo.vllm_engine.entropy_estimator`: a
+    Monte-Carlo estimate when fitness samples at temperature 1, else the lumped top-`entropy_topk`
+    lower bound), named in each metrics row's ``entropy_estimator``.
     """
 
     name = "vllm"
 
     def __init__(self, pool: VLLMESPool, model_ref: str, prompt_ids: Mapping[str, Sequence[int]],
-                 reward_fn: Callable[[str, dict], float], export_dtype: str = "float32"):
+                 reward_fn: Callable[[str, dict], float], export_dtype: str = "float32", entropy_topk: int = 20):
         self.pool, self.model_ref, self.prompt_ids = pool, str(model_ref), prompt_ids
-        self.reward_fn, self.export_dtype = reward_fn, export_dtype
+        self.reward_fn, self.export_dtype, self.entropy_topk = reward_fn, export_dtype, int(entropy_topk)
 
     def start(self, cfg: ESConfig) -> BackendStart:
         # The engines loaded the start model themselves: its reference names the start.
@@ -457,13 +481,13 @@ class VLLMESBackend(ESBackend):
 
     def evaluate(self, seeds_signs: Sequence[tuple[int, float]], batch: Sequence[dict], cfg: ESConfig,
                  rollout_seed: int) -> FitnessResult:
-        from esgrpo.vllm_engine import sampling_kwargs
-
-        sampling = sampling_kwargs(1, cfg.fitness_temperature, cfg.fitness_top_p, cfg.max_new_tokens, logprobs=0)
-        sampling.pop("logprobs")
-        texts = self.pool.generate_population(seeds_signs, cfg.sigma, [self.prompt_ids[r["id"]] for r in batch],
-                                              sampling, rollout_seed if cfg.fitness_temperature > 0 else None)
-        return population_fitness(texts, batch, self.reward_fn)
+        estimator = entropy_estimator(cfg.fitness_temperature, cfg.fitness_top_p, self.entropy_topk)
+        sampling = sampling_kwargs(1, cfg.fitness_temperature, cfg.fitness_top_p, cfg.max_new_tokens,
+                                   logprobs=logprobs_to_request(estimator, self.entropy_topk))
+        completions = self.pool.generate_population(
+            seeds_signs, cfg.sigma, [self.prompt_ids[r["id"]] for r in batch], sampling,
+            rollout_seed if cfg.fitness_temperature > 0 else None, estimator)
+        return population_fitness(completions, batch, self.reward_fn, estimator)
 
     def apply_update(self, seeds_signs: Sequence[tuple[int, float]], weights: np.ndarray, alpha: float) -> float:
         return self.pool.apply_update(seeds_signs, weights, alpha)

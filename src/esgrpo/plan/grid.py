@@ -147,9 +147,27 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
                    samples=int(kl["samples_per_prompt"]), eval_batch=int(kl.get("batch_size", 16)), copies=2)
 
 
+def base_samples_job(config: dict[str, Any], model: str, evaltask: str, arch: Architecture,
+                     settings: PlanSettings) -> JobSpec:
+    """analysis_base_samples: the base model's KL continuations on one evaluation task (transformers)."""
+    from esgrpo.analysis.settings import analysis_config
+
+    kl = analysis_config(config)["kl"]
+    ev = eval_params(config, model)
+    on_gpu = str(ev.get("device", "cpu")).startswith("cuda") or ev.get("backend") == "vllm"
+    return JobSpec(rule="analysis_base_samples", model=model, task=evaltask, run="base", method="eval",
+                   architecture=arch, device="cuda" if on_gpu else "cpu", gpu_type=settings.gpu_type, gpus=1,
+                   backend="hf", weight_dtype=ev.get("dtype", "bfloat16" if on_gpu else "float32"),
+                   prompts=int(kl["n_prompts"]), samples=int(kl["samples_per_prompt"]),
+                   prompt_tokens=settings.prompt_tokens_of(evaltask),
+                   new_tokens=int(kl.get("max_new_tokens") or ev.get("max_new_tokens", 24)),
+                   eval_batch=int(ev.get("batch_size", 256)), copies=1)
+
+
 def config_jobs(config: dict[str, Any], settings: PlanSettings | None = None,
                 analysis_targets: list[str] | tuple[str, ...] = ()) -> list[JobSpec]:
     """Every training, evaluation and (given their output paths) analysis job of `config`."""
+    from esgrpo.config import model_eval_tasks
     from esgrpo.runs import planned_runs
 
     settings = settings or PlanSettings.from_config(config)
@@ -160,10 +178,15 @@ def config_jobs(config: dict[str, Any], settings: PlanSettings | None = None,
         jobs += [j for t, r in runs if (j := train_job(config, model, t, r, arch, settings)) is not None]
         jobs.append(eval_job(config, model, "base", "base", arch, settings))
         jobs += [eval_job(config, model, t, r, arch, settings) for t, r in runs]
+    kl_models = set()
     for path in analysis_targets:
         model = Path(path).parts[-4]
         if model in archs and (job := analysis_job(config, path, archs[model], settings)) is not None:
             jobs.append(job)
+            if job.rule == "analysis_kl":
+                kl_models.add(model)
+    for model in sorted(kl_models):  # the KL analyses' reference continuations, one job per eval task
+        jobs += [base_samples_job(config, model, t, archs[model], settings) for t in model_eval_tasks(config, model)]
     return jobs
 
 
@@ -192,13 +215,29 @@ class Planner:
                      for j in config_jobs(config, self.settings, analysis_targets)}
         self._plans: dict[tuple[str, str, str, str], JobPlan] = {}
 
+    @property
+    def targets_gpus(self) -> bool:
+        """Whether any job of the config runs on a GPU (the rules then take their resources from the plan)."""
+        return any(job.device != "cpu" for job in self.jobs.values())
+
     def plan(self, rule: str, model: str, task: str, run: str) -> JobPlan:
         key = (rule, model, task, run)
         if key not in self._plans:
-            if key not in self.jobs:
-                raise PlanError(f"no planned job {rule} {model}/{task}/{run} in this config")
-            self._plans[key] = plan_job(self.jobs[key])
+            self._plans[key] = plan_job(self.jobs.get(key) or self._unlisted(key))
         return self._plans[key]
+
+    def _unlisted(self, key: tuple[str, str, str, str]) -> JobSpec:
+        """A training or evaluation job the config's grid does not list (a target asked for by path)."""
+        rule, model, task, run = key
+        arch = architecture_for(self.config, model, self.settings.results) if model in self.config["models"] else None
+        job = None
+        if arch is not None and rule == "train_run":
+            job = train_job(self.config, model, task, run, arch, self.settings)
+        elif arch is not None and rule in ("eval_run", "eval_base"):
+            job = eval_job(self.config, model, task, run, arch, self.settings)
+        if job is None:
+            raise PlanError(f"no planned job {rule} {model}/{task}/{run} in this config")
+        return job
 
     def resources(self, rule: str, model: str, task: str, run: str) -> dict[str, object]:
         return self.plan(rule, model, task, run).resources()

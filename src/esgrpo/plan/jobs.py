@@ -4,7 +4,7 @@
 host memory, expected runtime, and the choices that make it fit, taken in this order:
 
 - GRPO on GPUs: the number of GPUs (when the job does not fix it: the fewest of 1, 2, 4, 8 at
-  which it fits, with ZeRO-3 above one GPU), then, among the micro-batches (divisors of a
+  which it fits, sharded with FSDP above one GPU), then, among the micro-batches (divisors of a
   process's completions, at most 32 sequences, as the paper configs' 24-32), the one whose
   step the runtime model finds fastest, vLLM taking the room its activations leave (all of a
   process's completions at once if the cache holds them, else fewer); gradient accumulation
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from esgrpo.plan import host, runtime
 from esgrpo.plan.architecture import Architecture, PlanError, dtype_bytes
@@ -54,6 +55,10 @@ MAX_MICRO_BATCH = 32
 # estimate until scripts/gpu_smoke.sh has measured it. A job whose fixed needs exceed this but fit
 # the GPU is still planned (check_fits tests against the whole GPU).
 PLAN_HEADROOM = 0.9
+# How GRPO shards its training state over more than one GPU: FSDP, which torch itself provides.
+# envs/gpu.yaml has no DeepSpeed (esgrpo.grpo_launch refuses zero3 without it), so the plan never
+# chooses ZeRO-3 even where it would shard the same state (GRPOSettings.sharding still allows it).
+MULTI_GPU_SHARDING = "fsdp"
 # SLURM time limit: the expected runtime x 1.5, plus 10 minutes (queue-side start, a slow node).
 RUNTIME_FACTOR, RUNTIME_EXTRA_MINUTES = 1.5, 10
 
@@ -140,8 +145,8 @@ class JobPlan:
 
         GRPO (TRL): gradient_accumulation_steps, vllm_gpu_memory_utilization, vllm_max_model_length,
         activation_checkpointing, num_processes (GPUs, launched with accelerate) and sharding
-        ("zero3" above one GPU). ES and evaluation on vLLM: the engine's gpu_memory_utilization,
-        max_model_len (and num_engines for ES). Transformers evaluation on a GPU: batch_size.
+        (MULTI_GPU_SHARDING, "fsdp", above one GPU). ES and evaluation on vLLM: the engine's
+        gpu_memory_utilization, max_model_len (and num_engines for ES). Transformers evaluation on a GPU: batch_size.
         """
         j, out = self.job, {}
         if j.method == "grpo":
@@ -158,6 +163,14 @@ class JobPlan:
             out = {"batch_size": self.eval_batch}
         return out
 
+    def applied_to(self, settings: dict[str, Any]) -> dict[str, Any]:
+        """`settings` (a run's settings, an ES engine block, an evaluation block) with the plan's choices
+        in place of the config's: a vLLM evaluation's go into the block's `engine`, the rest at the top."""
+        chosen = self.trainer_settings()
+        if self.job.method in ("eval", "score") and self.vllm_gpu_memory_utilization is not None:
+            return {**settings, "engine": {**(settings.get("engine") or {}), **chosen}}
+        return {**settings, **chosen}
+
     def resources(self) -> dict[str, object]:
         """What the rule's `resources:` take: mem_mb, runtime (minutes), gpu, gpu_model."""
         gpu = self.gpus if self.gpu_memory is not None else 0
@@ -171,7 +184,7 @@ def check_fits(plan: JobPlan) -> JobPlan:
         need, have = plan.gpu_memory.total / GIB, plan.gpu_available / GIB
         raise PlanError(f"{plan.job.label}: needs {need:.1f} GiB per GPU on {plan.gpus} x {plan.job.gpu_type} "
                         f"({plan.gpu_memory.describe()}), but a {plan.job.gpu_type} has {have:.1f} GiB. "
-                        f"Give it more GPUs (GRPO shards with ZeRO-3), a larger GPU type, or smaller settings.")
+                        f"Give it more GPUs (GRPO shards with FSDP), a larger GPU type, or smaller settings.")
     return plan
 
 
@@ -240,7 +253,9 @@ def _plan_es_vllm(job: JobSpec, gpu: GpuType) -> JobPlan:
     arch, engines = job.architecture, job.gpus or 1
     batched, max_seqs = _vllm_defaults(gpu)
     beside = {"ES fp32 master": 4 * arch.parameters, "ES noise of one tensor": _noise_bytes(arch)}
-    left = gpu.memory_bytes - int((1 + ALLOCATOR_SLACK) * sum(beside.values()))
+    # The engine's concurrency is chosen within the plan's headroom, as GRPO's: the allocator slack
+    # counted on top of it must not push a job that could run fewer sequences over the GPU.
+    left = int(PLAN_HEADROOM * gpu.memory_bytes) - int((1 + ALLOCATOR_SLACK) * sum(beside.values()))
     engine, concurrent, util = _vllm_choice(job, gpu, min(job.prompts, max_seqs), left, batched)
     granted = int(util * gpu.memory_bytes)
     memory = _with_slack({**engine, "vLLM budget rounding": granted - sum(engine.values()), **beside},
@@ -276,13 +291,17 @@ def _plan_es_hf_gpu(job: JobSpec, gpu: GpuType) -> JobPlan:
 # --------------------------------------------------------------------------- GRPO
 
 
+def _sharding(gpus: int) -> str:
+    return MULTI_GPU_SHARDING if gpus > 1 else "none"
+
+
 def _divisors_down(n: int, cap: int) -> list[int]:
     return [d for d in range(min(n, cap), 0, -1) if n % d == 0]
 
 
 def _grpo_train_parts(job: JobSpec, gpus: int, sharding: str, micro: int) -> dict[str, int]:
     """Training state and one micro-batch's activations (bf16 autocast; the residual stream is fp32
-    over an fp32 model, bf16 over ZeRO-3's bf16 parameters)."""
+    over an fp32 model and under FSDP, counted as fp32 there; bf16 over ZeRO-3's bf16 parameters)."""
     residual = 2 if sharding == "zero3" else 4
     return {**training_state(job.architecture, gpus, sharding),
             **training_activations(job.architecture, micro, job.max_model_len, checkpointing=job.checkpointing,
@@ -292,7 +311,7 @@ def _grpo_train_parts(job: JobSpec, gpus: int, sharding: str, micro: int) -> dic
 def _grpo_candidate(job: JobSpec, gpu: GpuType, gpus: int, micro: int) -> tuple[Memory, float | None, int] | None:
     """(memory per GPU, vLLM utilization, concurrent sequences) at micro-batch `micro`: vLLM gets
     what the training process leaves (within the plan's headroom); None if not even one sequence fits."""
-    arch, sharding = job.architecture, ("zero3" if gpus > 1 else "none")
+    arch, sharding = job.architecture, _sharding(gpus)
     per_process = job.prompts * job.samples // gpus
     train = _grpo_train_parts(job, gpus, sharding, micro)
     if job.backend != "vllm":  # transformers generate in the training process (the GPU smoke script)
@@ -321,7 +340,7 @@ def _grpo_fit(job: JobSpec, gpu: GpuType, gpus: int) -> JobPlan | None:
         found = _grpo_candidate(job, gpu, gpus, micro)
         if found is None:
             continue
-        plan = _grpo_plan(job, gpu, gpus, "zero3" if gpus > 1 else "none", micro, *found)
+        plan = _grpo_plan(job, gpu, gpus, _sharding(gpus), micro, *found)
         if best is None or plan.runtime_s < best.runtime_s:
             best = plan
     return best
@@ -354,7 +373,7 @@ def _plan_grpo_gpu(job: JobSpec, gpu: GpuType) -> JobPlan:
 
 def _grpo_misfit(job: JobSpec, gpu: GpuType, gpus: int) -> str:
     """What the smallest setting (micro-batch 1, one vLLM sequence) needs at `gpus` GPUs, for the error."""
-    arch, sharding = job.architecture, ("zero3" if gpus > 1 else "none")
+    arch, sharding = job.architecture, _sharding(gpus)
     parts = _grpo_train_parts(job, gpus, sharding, job.micro_batch or 1)
     if job.backend == "vllm":
         parts.update(vllm_engine(arch, job.weight_dtype, job.max_model_len, 1, VLLM_TRL_BATCHED_TOKENS))
@@ -365,7 +384,7 @@ def _grpo_misfit(job: JobSpec, gpu: GpuType, gpus: int) -> str:
     memory = _with_slack(parts)
     return (f"{job.label}: needs {memory.gib:.1f} GiB per GPU on {gpus} x {gpu.name} even at micro-batch 1 "
             f"({memory.describe()}), but a {gpu.name} has {gpu.memory_gib:.1f} GiB, of which the plan fills at "
-            f"most {PLAN_HEADROOM:.0%}. Give it more GPUs (GRPO shards with ZeRO-3), a larger GPU type, or "
+            f"most {PLAN_HEADROOM:.0%}. Give it more GPUs (GRPO shards with FSDP), a larger GPU type, or "
             f"fewer completions or tokens per step.")
 
 

@@ -154,11 +154,28 @@ def training_activations(arch: Architecture, micro_batch: int, seq_len: int, *, 
     return parts
 
 
+def fsdp_unsharded_parameters(arch: Architecture) -> int:
+    """Parameters FSDP holds whole at once: the root unit (embedding, untied LM head, final norm), which
+    FSDP2 keeps unsharded from the forward to the backward (torch `fully_shard`: the root is not
+    resharded after forward), and two decoder layers (the one computing, the next prefetched)."""
+    root = arch.parameters - arch.num_hidden_layers * arch.layer_parameters
+    return root + 2 * arch.layer_parameters
+
+
 def training_state(arch: Architecture, gpus: int, sharding: str) -> dict[str, int]:
     """Weights, gradients and AdamW state, sharded over `gpus` with ZeRO-3 / FSDP full sharding."""
     p = arch.parameters
     if sharding == "none" or gpus == 1:
         return {"training state (weights, grads, AdamW; 16 B/param)": TRAINING_STATE_BYTES_PER_PARAM * p}
+    if sharding == "fsdp":
+        # accelerate's FSDP2 (esgrpo.grpo_launch, one unit per decoder layer); the gathered units and
+        # their gradients before the reduce-scatter are counted in fp32, an upper bound: under bf16
+        # mixed precision they may be gathered in bf16 (estimate until scripts/gpu_smoke.sh measures it).
+        return {
+            f"training state (16 B/param / {gpus} GPUs, FSDP)": math.ceil(TRAINING_STATE_BYTES_PER_PARAM * p / gpus),
+            "FSDP gathered units and their gradients (fp32)": 2 * 4 * fsdp_unsharded_parameters(arch),
+            "NCCL buffers": NCCL_BYTES,
+        }
     return {
         f"training state (16 B/param / {gpus} GPUs, ZeRO-3)": math.ceil(TRAINING_STATE_BYTES_PER_PARAM * p / gpus),
         "ZeRO-3 gathered parameters (bf16)": 2 * min(p, ZERO3_MAX_LIVE_PARAMETERS),

@@ -20,7 +20,7 @@ node-hours, 28.8 s per iteration) is a check: the model gives 27.2 s (tests/test
 
 Training (GRPO): 6 x parameters x tokens FLOPs for forward and backward, + 2 x parameters x
 tokens for the recomputed forward under activation checkpointing, at half the bf16 matmul rate
-PyTorch reaches (395 TFLOP/s on an H200, docs/cluster.md's ~400 TFLOP/s), plus ZeRO-3's
+PyTorch reaches (395 TFLOP/s on an H200: half of docs/references.md's ~790), plus FSDP's
 parameter gathers and gradient reduce-scatter, the AdamW step (memory-bound) and TRL's weight
 push into vLLM every step (estimates: no GPU measured them here).
 
@@ -45,12 +45,12 @@ ANCHOR_MEMBERS, ANCHOR_PROMPTS, ANCHOR_NEW, ANCHOR_PROMPT_TOKENS = 30, 200, 1024
 ANCHOR_SECONDS = {"Qwen/Qwen2.5-1.5B-Instruct": 3 * 3600 / 500, "Qwen/Qwen2.5-7B-Instruct": 6 * 3600 / 500}
 ANCHOR_CHECK = ("Qwen/Qwen2.5-3B-Instruct", 4 * 3600 / 500)
 
-# Half the bf16 matmul rate PyTorch reaches, for prefill and training (docs/cluster.md: ~400 TFLOP/s).
+# Half the bf16 matmul rate PyTorch reaches, for prefill and training (~395 of docs/references.md's ~790 TFLOP/s).
 MATMUL_SHARE = 0.5
-# ZeRO-3 all-gathers the parameters for the forward and the backward and reduce-scatters the
-# gradients: 3 x 2 bytes per parameter per micro-batch, over NVLink at ~150 GB/s per GPU as NCCL
-# reaches it for these message sizes (estimate).
-ZERO3_BYTES_PER_PARAM, ZERO3_LINK_BYTES_PER_S = 6, 150e9
+# FSDP (as ZeRO-3) all-gathers the parameters for the forward and the backward and reduce-scatters
+# the gradients: 3 x 2 bytes per parameter per micro-batch under bf16 mixed precision, over NVLink at
+# ~150 GB/s per GPU as NCCL reaches it for these message sizes (estimate).
+SHARDED_BYTES_PER_PARAM, SHARDED_LINK_BYTES_PER_S = 6, 150e9
 # Fixed cost of one micro-batch's forward and backward beyond its FLOPs (kernel launches and
 # autograd bookkeeping of ~30 checkpointed layers, TRL's per-batch Python): ~0.1 s (estimate). It
 # is what makes the plan prefer fewer, larger micro-batches when memory allows.
@@ -153,7 +153,7 @@ def grpo_step_seconds(arch: Architecture, gpu: GpuType, *, gpus: int, completion
     generation = batched_decode_seconds(arch, gpu, per_process, concurrent, prompt, new)
     training = grpo_training_seconds(arch, gpu, tokens=per_process * (prompt + new), micro_steps=micro_steps,
                                      checkpointing=checkpointing)
-    gather = micro_steps * ZERO3_BYTES_PER_PARAM * arch.parameters / ZERO3_LINK_BYTES_PER_S if sharded else 0.0
+    gather = micro_steps * SHARDED_BYTES_PER_PARAM * arch.parameters / SHARDED_LINK_BYTES_PER_S if sharded else 0.0
     adam = 3 * 16 * arch.parameters / gpus / (BANDWIDTH_SHARE * gpu.memory_tbps * 1e12)
     sync = WEIGHT_SYNC_FIXED_S + 2 * arch.parameters / WEIGHT_SYNC_BYTES_PER_S
     if not vllm:

@@ -47,6 +47,7 @@ def base_passk(input: dict, output: dict, params: dict, wildcards: dict, threads
         ax.set_xscale("log", base=2)
         ax.set_ylabel("Pass@k")
         ax.set_title("Base model coverage")
+        sns.move_legend(ax, "center left", bbox_to_anchor=(1.0, 0.5), frameon=False)  # not over the curves
         save_figure(fig, output["figure"], output["figure_pdf"])
     finally:
         plt.close(fig)

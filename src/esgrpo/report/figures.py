@@ -1,5 +1,10 @@
 """The figures of papers A and B (seaborn; PNG and PDF). A figure whose inputs the config does
-not produce is a placeholder that says so."""
+not produce is a placeholder that says so.
+
+Layout, as the papers draw them: one panel per task (or per path), titles naming the panel only,
+axis labels on the outer panels, and one legend for the whole figure outside the axes
+(`shared_legend`), so that no legend covers a curve and every panel uses the same colours.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ import io
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -62,6 +68,53 @@ def draw_figure(output: dict, draw: Callable, nrows: int = 1, ncols: int = 1, si
         plt.close(fig)
 
 
+def shared_legend(fig, axes, title: str | None = None, extra: Sequence[tuple[Any, str]] = (),
+                  where: str = "right") -> None:
+    """One legend for the figure, outside the axes, from every panel's entries (each label once);
+    the panels' own legends are removed. `extra`: (handle, label) pairs drawn by hand (reference lines)."""
+    handles: dict[str, Any] = {}
+    for ax in np.ravel(axes):
+        legend = ax.get_legend()
+        drawn = [] if legend is None else list(zip(legend.legend_handles, [t.get_text() for t in legend.get_texts()],
+                                                   strict=True))
+        for handle, label in [*drawn, *zip(*ax.get_legend_handles_labels(), strict=True)]:  # + labelled lines
+            handles.setdefault(label, handle)
+        if legend is not None:
+            legend.remove()
+    for handle, label in extra:
+        handles.setdefault(label, handle)
+    if not handles:
+        return
+    if where == "bottom":
+        fig.legend(handles.values(), handles.keys(), title=title, loc="upper center", bbox_to_anchor=(0.5, 0.0),
+                   ncol=min(len(handles), 6), frameon=False)
+    else:
+        fig.legend(handles.values(), handles.keys(), title=title, loc="center left", bbox_to_anchor=(1.0, 0.5),
+                   frameon=False)
+
+
+def label_left(axes, ylabel: str) -> None:
+    """The y label on the left column only (panels in a row share what they measure)."""
+    for (_row, col), ax in np.ndenumerate(axes):
+        ax.set_ylabel(ylabel if col == 0 else "")
+
+
+def palette_for(sns, levels: Sequence[str]) -> dict[str, Any]:
+    """One colour per level, the same in every panel of a figure."""
+    return dict(zip(levels, sns.color_palette(n_colors=max(len(levels), 1)), strict=False))
+
+
+def ordered(values: Sequence[str], order: Sequence[str] = METHOD_ORDER) -> list[str]:
+    """The distinct `values` in `order` (methods), numerically when all are numbers (population sizes),
+    else alphabetically."""
+    present = list(dict.fromkeys(values))
+    if all(v in order for v in present):
+        return [v for v in order if v in present]
+    if all(str(v).isdigit() for v in present):
+        return sorted(present, key=int)
+    return sorted(present, key=str)
+
+
 def placeholder(output: dict, title: str, reason: str) -> None:
     def draw(fig, axes):
         ax = axes[0, 0]
@@ -84,24 +137,31 @@ def figure_passk_curves(data: StageInputs, output: dict) -> None:
     df = pd.DataFrame(rows)
     sns = seaborn()
     panels = sorted(set(zip(df["model"], df["task"], strict=True)))
+    methods = ordered(df["method"])
+    colours = palette_for(sns, methods)
 
     def draw(fig, axes):
         for ax, (model, task) in zip(axes.ravel(), panels, strict=False):
             d = df[(df["model"] == model) & (df["task"] == task)]
-            sns.lineplot(data=d, x="k", y="pass@k", hue="method", marker="o", ax=ax,
-                         hue_order=[m for m in METHOD_ORDER if m in set(d["method"])])
+            sns.lineplot(data=d, x="k", y="pass@k", hue="method", marker="o", markersize=4, ax=ax,
+                         hue_order=[m for m in methods if m in set(d["method"])], palette=colours)
             ax.set_xscale("log", base=2)
             ax.set_title(f"{model} / {task}")
-        for ax in axes.ravel()[len(panels):]:
-            ax.axis("off")
+        label_left(axes, "Pass@k")
+        shared_legend(fig, axes, "method")
 
-    draw_figure(output, draw, 1, max(1, len(panels)))
+    draw_figure(output, draw, 1, max(1, len(panels)), size=(3.6, 3.0))
 
 
-def _curve_figure(output: dict, metrics: pd.DataFrame, y: str, xs: Sequence[str], hue: str = "method") -> None:
-    """`y` against each of `xs` (rows) per (model, task) (columns), one line per `hue`."""
+def _curve_figure(output: dict, metrics: pd.DataFrame, y: str, xs: Sequence[str], hue: str = "method",
+                  ylabel: str | None = None) -> None:
+    """`y` against each of `xs` (rows) per (model, task) (columns), one line per `hue` (the same colour in
+    every panel; the band is the 95% interval over seeds where there are several)."""
     sns = seaborn()
     panels = sorted(set(zip(metrics["model"], metrics["task"], strict=True)))
+    levels = ordered(metrics[hue].astype(str))
+    colours = palette_for(sns, levels)
+    metrics = metrics.assign(**{hue: metrics[hue].astype(str)})
 
     def draw(fig, axes):
         for row, x in enumerate(xs):
@@ -111,23 +171,35 @@ def _curve_figure(output: dict, metrics: pd.DataFrame, y: str, xs: Sequence[str]
                 if d.empty:
                     ax.axis("off")
                     continue
-                sns.lineplot(data=d, x=x, y=y, hue=hue, ax=ax, errorbar=("se", 1.96))
-                ax.set_title(f"{model} / {task}: {y} vs {x}")
+                sns.lineplot(data=d, x=x, y=y, hue=hue, ax=ax, errorbar=("se", 1.96), palette=colours,
+                             hue_order=[v for v in levels if v in set(d[hue])])
+                ax.set_title(f"{model} / {task}" if row == 0 else "")
+        label_left(axes, ylabel or y)
+        shared_legend(fig, axes, hue)
 
-    draw_figure(output, draw, len(xs), max(1, len(panels)))
+    draw_figure(output, draw, len(xs), max(1, len(panels)), size=(3.8, 2.9))
+
+
+def entropy_labels(curves: pd.DataFrame) -> pd.Series:
+    """Each row's method, with what its entropy is when not the exact one (the vLLM ES backend logs an
+    estimate or a bound: `esgrpo.vllm_engine.entropy_estimator`), so no line passes one off as the other."""
+    kinds = curves["entropy_estimator"] if "entropy_estimator" in curves else pd.Series("exact", index=curves.index)
+    return pd.Series([m if pd.isna(k) or k == "exact" else f"{m} ({str(k).replace('_', ' ')})"
+                      for m, k in zip(curves["method"], kinds, strict=True)], index=curves.index)
 
 
 def figure_entropy_curves(data: StageInputs, output: dict) -> None:
     curves = data.metrics.dropna(subset=["entropy"]) if not data.metrics.empty else data.metrics
     if curves.empty:
         return placeholder(output, "Entropy over training", "no ES / GRPO training curves with entropy")
-    _curve_figure(output, curves, "entropy", ["iteration", "rollouts"])
+    _curve_figure(output, curves.assign(method=entropy_labels(curves)), "entropy", ["iteration", "rollouts"],
+                  ylabel="mean token entropy (nats)")
 
 
 def figure_fitness_curves(data: StageInputs, output: dict) -> None:
     if data.metrics.empty:
         return placeholder(output, "Train reward", "no ES / GRPO training curves")
-    _curve_figure(output, data.metrics, "fitness_mean", ["iteration", "rollouts"])
+    _curve_figure(output, data.metrics, "fitness_mean", ["iteration", "rollouts"], ylabel="train reward")
 
 
 def figure_population_curves(data: StageInputs, output: dict) -> None:
@@ -135,7 +207,7 @@ def figure_population_curves(data: StageInputs, output: dict) -> None:
     if curves.empty or curves["variant"].nunique() < 2:
         return placeholder(output, "Population sweep", "no population sweep in this config")
     curves = curves.assign(N=curves["run"].map(lambda r: run_labels(r)["population"]).astype(int).astype(str))
-    _curve_figure(output, curves, "fitness_mean", ["iteration", "rollouts"], hue="N")
+    _curve_figure(output, curves, "fitness_mean", ["iteration", "rollouts"], hue="N", ylabel="train reward")
 
 
 def figure_js_diversity_vs_passk_gain(data: StageInputs, output: dict) -> None:
@@ -153,6 +225,7 @@ def figure_js_diversity_vs_passk_gain(data: StageInputs, output: dict) -> None:
         ax.set_ylabel(f"Pass@{k} - base Pass@{k}")
         r = pearson_ci(js["js_diversity"], js["gain"])
         ax.set_title(f"ES runs (Pearson r = {fmt_ci(*r, digits=2)})")
+        shared_legend(fig, axes)
 
     draw_figure(output, draw, size=(5.5, 4))
 
@@ -192,15 +265,22 @@ def figure_drift_by_module(data: StageInputs, output: dict) -> None:
     sns = seaborn()
     tasks = sorted(set(zip(norms["model"], norms["task"], strict=True)))
 
+    methods = ordered(norms["method"])
+    colours = palette_for(sns, methods)
+
     def draw(fig, axes):
         for ax, (model, task) in zip(axes.ravel(), tasks, strict=False):
             d = norms[(norms["model"] == model) & (norms["task"] == task)]
-            sns.barplot(data=d, x="module_type", y="relative_l2", hue="method", ax=ax, errorbar=None)
+            sns.barplot(data=d, x="module_type", y="relative_l2", hue="method", ax=ax, errorbar=None,
+                        hue_order=[m for m in methods if m in set(d["method"])], palette=colours)
             ax.set_yscale("log")
-            ax.set_title(f"{model} / {task}")
+            ax.set_title(f"{model} / trained on {task}")
+            ax.set_xlabel("")
             ax.tick_params(axis="x", rotation=30)
+        label_left(axes, "||delta|| / ||theta0|| per module type")
+        shared_legend(fig, axes, "method")
 
-    draw_figure(output, draw, 1, max(1, len(tasks)))
+    draw_figure(output, draw, 1, max(1, len(tasks)), size=(3.6, 3.0), sharey=True)
 
 
 def figure_sparsity_curves(data: StageInputs, output: dict) -> None:
@@ -214,44 +294,72 @@ def figure_sparsity_curves(data: StageInputs, output: dict) -> None:
     tasks = sorted(set(zip(top["model"], top["task"], top["eval_task"], strict=True)))
     base = data.base_prompts()
 
+    methods = ordered(top["method"])
+    colours = palette_for(sns, methods)
+
     def draw(fig, axes):
         for ax, (model, task, eval_task) in zip(axes.ravel(), tasks, strict=False):
             d = top[(top["model"] == model) & (top["task"] == task) & (top["eval_task"] == eval_task)]
             long = d.melt(id_vars=["keep_fraction", "method"], value_vars=[c for c in ("greedy", "mean@n") if c in d],
                           var_name="metric", value_name="accuracy")
-            sns.lineplot(data=long, x="keep_fraction", y="accuracy", hue="method", style="metric", marker="o", ax=ax)
+            sns.lineplot(data=long, x="keep_fraction", y="accuracy", hue="method", style="metric", marker="o",
+                         markersize=4, ax=ax, hue_order=[m for m in methods if m in set(long["method"])],
+                         palette=colours)
             b = base[(base["model"] == model) & (base["eval_task"] == eval_task)] if not base.empty else base
             if not b.empty:
-                ax.axhline(b["mean@n"].mean(), color="grey", ls=":", lw=1, label="base mean@n")
+                ax.axhline(b["mean@n"].mean(), color="grey", ls=":", lw=1.2, label="base mean@n")
             ax.set_xscale("symlog", linthresh=0.01)
+            ax.set_xlim(0, 1.05)  # fractions: symlog would otherwise open an empty negative decade
+            ax.set_xlabel("fraction of changed weights kept")
             ax.set_title(f"{model} / {task}" + (f" -> {eval_task}" if eval_task != task else ""))
+        label_left(axes, "accuracy")
+        shared_legend(fig, axes)
 
-    draw_figure(output, draw, 1, max(1, len(tasks)))
+    draw_figure(output, draw, 1, max(1, len(tasks)), size=(3.6, 3.0))
+
+
+# Interpolation panels, in the order paper A reads them: the three lam paths (mode connectivity),
+# then the three directions scanned over the ES update's length (esgrpo.pipeline.analysis).
+INTERPOLATION_PANELS = {
+    "base-es": ("base -> ES", "lambda (0 = base, 1 = ES)"),
+    "base-grpo": ("base -> GRPO", "lambda (0 = base, 1 = GRPO)"),
+    "es-grpo": ("ES -> GRPO", "lambda (0 = ES, 1 = GRPO)"),
+    "dir-es": ("along dES", "distance / ||dES||"),
+    "dir-grpo": ("along dGRPO", "distance / ||dES||"),
+    "dir-random": ("along a random direction", "distance / ||dES||"),
+}
 
 
 def figure_interpolation(data: StageInputs, output: dict) -> None:
+    """Greedy accuracy along each path: one row per trained task, one column per path, one colour per
+    evaluation task (the row's own task drawn thick), seeds averaged; one legend below the grid."""
     interp = data.analysis("interpolation")
     if interp.empty:
         return placeholder(output, "Interpolation", "no interpolation analyses (needs ES and GRPO)")
     sns = seaborn()
-    tasks = sorted(set(zip(interp["model"], interp["task"], strict=True)))
+    rows = sorted(set(zip(interp["model"], interp["task"], strict=True)))
+    paths = [p for p in INTERPOLATION_PANELS if p in set(interp["path"])]
+    eval_tasks = sorted(set(interp["eval_task"]))
+    colours = palette_for(sns, eval_tasks)
+    curves = interp.groupby(["model", "task", "path", "eval_task", "lam"], as_index=False)["greedy"].mean()
 
     def draw(fig, axes):
-        for col, (model, task) in enumerate(tasks):
-            d = interp[(interp["model"] == model) & (interp["task"] == task)]
-            paths = d[~d["path"].str.startswith("dir-")]
-            dirs = d[d["path"].str.startswith("dir-")]
-            for row, (sub, xlabel) in enumerate(((paths, "lambda"), (dirs, "distance from theta0 / ||dES||"))):
-                ax = axes[row, col]
-                if sub.empty:
-                    ax.axis("off")
-                    continue
-                sns.lineplot(data=sub, x="lam", y="greedy", hue="path", style="eval_task", ax=ax, marker="o",
-                             errorbar=None)
-                ax.set_xlabel(xlabel)
-                ax.set_title(f"{model} / trained on {task}")
+        for (r, (model, task)), (c, path) in ((rc, pc) for rc in enumerate(rows) for pc in enumerate(paths)):
+            ax = axes[r, c]
+            d = curves[(curves["model"] == model) & (curves["task"] == task) & (curves["path"] == path)]
+            for eval_task, g in d.groupby("eval_task"):
+                own = eval_task == task
+                ax.plot(g["lam"], g["greedy"], color=colours[eval_task], lw=2.6 if own else 1.1,
+                        alpha=1.0 if own else 0.75, marker="o", ms=3.5 if own else 2.5, zorder=3 if own else 2)
+            ax.set_title(INTERPOLATION_PANELS[path][0] if r == 0 else "")
+            ax.set_xlabel(INTERPOLATION_PANELS[path][1] if r == len(rows) - 1 else "")
+            ax.set_ylabel(f"trained on {task}\n({model}) greedy acc." if c == 0 else "")
+        handles = [pyplot().Line2D([], [], color=colours[t], lw=1.5, marker="o", ms=3) for t in eval_tasks]
+        own = pyplot().Line2D([], [], color="black", lw=2.6)
+        shared_legend(fig, axes, "evaluated on", [*zip(handles, eval_tasks, strict=True),
+                                                  (own, "thick: the row's trained task")], where="bottom")
 
-    draw_figure(output, draw, 2, max(1, len(tasks)))
+    draw_figure(output, draw, len(rows), max(1, len(paths)), size=(2.7, 2.2), sharey=True, sharex="col")
 
 
 def _heatmaps(output: dict, frame: pd.DataFrame, panel: tuple[str, str], index: str, value: str, title: str,
@@ -269,6 +377,10 @@ def _heatmaps(output: dict, frame: pd.DataFrame, panel: tuple[str, str], index: 
             ax.set_title(f"{first} / {second}: {title}")
             ax.set_ylabel(ylabel)
             ax.set_xlabel("evaluated on")
+            ax.tick_params(axis="y", rotation=0)  # task names read across, not up the side
+            ax.tick_params(axis="x", rotation=30)
+            for label in ax.get_xticklabels():
+                label.set_horizontalalignment("right")
 
     draw_figure(output, draw, 1, max(1, len(panels)), size=(4.8, 4))
 

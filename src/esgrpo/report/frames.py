@@ -158,6 +158,23 @@ def theory_ratios(theory: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["model", "task", "run", "ratio", "applies"])
 
 
+def theory_norms(theory: pd.DataFrame) -> pd.DataFrame:
+    """Per ES run: the theory's alpha*sqrt(updates d/N) from the base at its final logged update. A
+    continual stage k started from stage k-1, so its theory norm from the base is the sqrt of the sum
+    over stages 1..k of each stage's theory_sq (independent steps: the expected squares add)."""
+    cols = ["model", "task", "run", "run_kind", "seed", "stage", "theory_l2"]
+    if theory.empty:
+        return pd.DataFrame(columns=cols)
+    final = theory.sort_values("updates").groupby(["model", "task", "run"], sort=True).tail(1).copy()
+    final["stage"] = final["run"].map(lambda r: run_labels(r)["stage"])
+    final["theory_l2"] = final["theory_sq"] ** 0.5
+    continual = final["run_kind"].isin(CONTINUAL_KINDS)
+    for _, g in final[continual].groupby(["model", "seed"]):
+        cumulative = g.sort_values("stage")["theory_sq"].cumsum() ** 0.5
+        final.loc[cumulative.index, "theory_l2"] = cumulative
+    return final[cols].reset_index(drop=True)
+
+
 def js_gain_frame(data: StageInputs) -> pd.DataFrame:
     """Per ES run: mean population JS diversity over training and its Pass@K gain over the base."""
     metrics, prompts = data.metrics, data.prompts

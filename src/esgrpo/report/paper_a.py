@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from esgrpo.report.frames import barrier_heights, drift_norms, has_continual_stages, stage_frame
+from esgrpo.report.frames import barrier_heights, drift_norms, has_continual_stages, stage_frame, theory_norms
 from esgrpo.report.loading import StageInputs, run_labels
+from esgrpo.report.paper_values import PaperValue, paper_notes, paper_value, with_paper_rows
 from esgrpo.report.planning import METHOD_ORDER, RATIO_ORDER, snapshot_method
 from esgrpo.report.stats import budget_rows, ci_prompts, ci_values, main_variants, paired_ci, ratio_ci, stat
 from esgrpo.report.writing import absent_notes, order_rows, write_long_table
@@ -30,7 +31,9 @@ CAPTIONS = {
                      "earlier stage (1..K-1) - final stage, paired per prompt."),
     "a_update_norms": ("Paper A: update norm ||theta - theta0||_2 (theta0 = the base model; sqrt of the sum of the "
                        "per-tensor squared L2 of the drift analysis) after each continual stage, per method, and the "
-                       "ES/GRPO ratio (per shared seed, 95% CI over seeds). Single-task rows: the main runs of each task."),
+                       "ES/GRPO ratio (per shared seed, 95% CI over seeds). Single-task rows: the main runs of each task. "
+                       "ES theory: alpha*sqrt(T d/N) from the base (norm-theory analysis; a continual stage sums "
+                       "the stages' squares)."),
     "a_heldout": ("Paper A: held-out scores before (base) -> after the continual sequence (final stage), per "
                   "method, greedy accuracy and mean@n with 95% CIs (seeds x prompts; the change paired per prompt). "
                   "held_out = the task is not in the sequence (paper A: MMLU, IFEval). At toy scale, when every "
@@ -55,7 +58,15 @@ def build_a_accuracy(data: StageInputs) -> pd.DataFrame:
                          metric="test greedy accuracy", n_seeds=g["seed"].nunique(),
                          n_prompts=g["prompt"].nunique()))
     rows += budget_rows(data.metrics, main_variants(data.metrics), "fitness_mean", "train reward")
-    return order_rows(pd.DataFrame(rows), ["model", "task", "budget", "metric", "method"])
+    long = order_rows(pd.DataFrame(rows), ["model", "task", "budget", "metric", "method"])
+    return with_paper_rows(long, "metric", lambda row: _reported_accuracy(data.setup, row))
+
+
+def _reported_accuracy(setup: dict, row: pd.Series) -> PaperValue | None:
+    """Paper A's test accuracy of a final checkpoint's cell (base, ES after 100 / 300 iterations, GRPO)."""
+    if row["metric"] != "test greedy accuracy":  # not the train-reward rows
+        return None
+    return paper_value(setup, "a_accuracy", row["model"], row["task"], row["method"])
 
 
 def methods_with_snapshots(data: StageInputs) -> list[str]:
@@ -69,9 +80,10 @@ def methods_with_snapshots(data: StageInputs) -> list[str]:
 
 def table_a_accuracy(data: StageInputs, output: dict) -> None:
     caption = CAPTIONS["a_accuracy"]
-    write_long_table(output, caption, build_a_accuracy(data), "no base / ES / GRPO evaluations in this config",
+    long = build_a_accuracy(data)
+    write_long_table(output, caption, long, "no base / ES / GRPO evaluations in this config",
                      ["model", "task", "budget", "matched_at", "metric"], order=methods_with_snapshots(data),
-                     notes=absent_notes(data.setup))
+                     notes=absent_notes(data.setup) + paper_notes(data.setup, "a_accuracy", long, "metric"))
 
 
 def build_a_sequential(data: StageInputs) -> pd.DataFrame:
@@ -105,6 +117,10 @@ def table_a_sequential(data: StageInputs, output: dict) -> None:
                      ["model", "method", "row", "stage", "stage_task"], columns="eval_task", notes=absent_notes(setup))
 
 
+NORM = "||theta - theta0||"
+THEORY_NORM = "||theta - theta0|| theory alpha*sqrt(T d/N)"
+
+
 def build_a_update_norms(data: StageInputs) -> pd.DataFrame:
     drift = data.analysis("drift")
     if drift.empty:
@@ -113,25 +129,39 @@ def build_a_update_norms(data: StageInputs) -> pd.DataFrame:
     norms["setting"] = np.where(norms["run_kind"].str.startswith("cl_"), "continual", "single-task")
     norms["stage"] = [f"{int(run_labels(r)['stage'])}: {t}" if s == "continual" else t
                       for r, t, s in zip(norms["run"], norms["task"], norms["setting"], strict=True)]
+    theory = theory_norms(data.analysis("theory")).set_index(["model", "task", "run"])["theory_l2"]
     rows = []
     for (setting, model, stage), g in norms.groupby(["setting", "model", "stage"], sort=True):
         keys = {"setting": setting, "model": model, "stage": stage}
         for method, gm in g.groupby("method", sort=True):
-            rows.append(stat({**keys, "quantity": "||theta - theta0||", "method": method}, ci_values(gm["l2"]),
+            rows.append(stat({**keys, "quantity": NORM, "method": method}, ci_values(gm["l2"]),
                              n_seeds=gm["seed"].nunique()))
+            runs = [r for r in zip(gm["model"], gm["task"], gm["run"], strict=True) if r in theory.index]
+            if runs:  # ES runs with a norm-theory analysis
+                rows.append(stat({**keys, "quantity": THEORY_NORM, "method": method},
+                                 ci_values(theory.loc[runs]), n_seeds=gm["seed"].nunique()))
             rows.append(stat({**keys, "quantity": "relative L2", "method": method}, ci_values(gm["relative_l2"]),
                              n_seeds=gm["seed"].nunique()))
         es, grpo = g[g["method"] == "ES"], g[g["method"] == "GRPO"]
         if not es.empty and not grpo.empty:
-            rows.append(stat({**keys, "quantity": "||theta - theta0|| ratio", "method": "ES/GRPO"},
+            rows.append(stat({**keys, "quantity": f"{NORM} ratio", "method": "ES/GRPO"},
                              ratio_ci(es, grpo, "l2"), n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
-    return pd.DataFrame(rows)
+    return with_paper_rows(pd.DataFrame(rows), "quantity", lambda row: _reported_norm(data.setup, row))
+
+
+def _reported_norm(setup: dict, row: pd.Series) -> PaperValue | None:
+    """Paper A's norm of a continual stage's ||theta - theta0|| cell (its model and task at that stage)."""
+    if row["setting"] != "continual" or row["quantity"] != NORM:
+        return None
+    stage, task = row["stage"].split(": ", 1)
+    return paper_value(setup, "a_update_norms", row["model"], task, row["method"], int(stage))
 
 
 def table_a_update_norms(data: StageInputs, output: dict) -> None:
     caption = CAPTIONS["a_update_norms"]
-    notes = absent_notes(data.setup, continual=True)
-    write_long_table(output, caption, build_a_update_norms(data),
+    long = build_a_update_norms(data)
+    notes = absent_notes(data.setup, continual=True) + paper_notes(data.setup, "a_update_norms", long, "quantity")
+    write_long_table(output, caption, long,
                      "no parameter-drift analyses (results/analysis/*/drift) for this config's runs",
                      ["setting", "model", "stage", "quantity"], order=RATIO_ORDER, notes=notes)
 
@@ -151,13 +181,21 @@ def build_a_heldout(data: StageInputs) -> pd.DataFrame:
             rows.append(stat(keys, ci_prompts(before, metric), quantity="before (base)"))
             rows.append(stat(keys, ci_prompts(after, metric), quantity=f"after (stage {final})"))
             rows.append(stat(keys, paired_ci(after, before, metric), quantity="after - before"))
-    return pd.DataFrame(rows)
+    return with_paper_rows(pd.DataFrame(rows), "metric", lambda row: _reported_heldout(data.setup, row))
+
+
+def _reported_heldout(setup: dict, row: pd.Series) -> PaperValue | None:
+    """Paper A's held-out greedy accuracy (MMLU, IFEval) before, after and after - before the sequence."""
+    if row["metric"] != "greedy":
+        return None
+    when = row["quantity"].split(" (")[0]  # "before (base)", "after (stage K)", "after - before"
+    return paper_value(setup, "a_heldout", row["model"], row["eval_task"], row["method"], when)
 
 
 def table_a_heldout(data: StageInputs, output: dict) -> None:
     caption = CAPTIONS["a_heldout"]
     long = build_a_heldout(data)
-    notes = absent_notes(data.setup)
+    notes = absent_notes(data.setup) + paper_notes(data.setup, "a_heldout", long, "metric")
     if not long.empty and not long["held_out"].astype(bool).any():
         notes.append("Every task is in the continual sequence: no task is held out.")
     write_long_table(output, caption, long, NO_CONTINUAL, ["model", "method", "eval_task", "held_out", "metric"],

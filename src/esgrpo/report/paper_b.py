@@ -18,6 +18,7 @@ from esgrpo.report.frames import (
     sparsity_frame,
 )
 from esgrpo.report.loading import StageInputs
+from esgrpo.report.paper_values import PaperValue, paper_notes, paper_value, with_paper_rows
 from esgrpo.report.planning import METHOD_ORDER, RATIO_ORDER
 from esgrpo.report.stats import (
     budget_rows,
@@ -101,13 +102,22 @@ def build_b_passk(data: StageInputs) -> pd.DataFrame:
                              matched_at="final checkpoint", metric=f"pass@{k}", n_seeds=g["seed"].nunique(),
                              n_prompts=g["prompt"].nunique()))
     rows += budget_rows(data.metrics, main_variants(data.metrics), "fitness_mean", "train reward")
-    return order_rows(pd.DataFrame(rows), ["model", "task", "budget", "metric", "method"])
+    long = order_rows(pd.DataFrame(rows), ["model", "task", "budget", "metric", "method"])
+    return with_paper_rows(long, "metric", lambda row: _reported_passk(data.setup, row))
+
+
+def _reported_passk(setup: dict, row: pd.Series) -> PaperValue | None:
+    """Paper B's Pass@k of a final checkpoint's cell (GSM8K reference of its code; hard-maths averages)."""
+    if row["budget"] != "iterations":
+        return None
+    return paper_value(setup, "b_passk", row["model"], row["task"], row["method"], row["metric"])
 
 
 def table_b_passk(data: StageInputs, output: dict) -> None:
     caption = CAPTIONS["b_passk"]
-    notes = absent_notes(data.setup, sequential=True)
-    write_long_table(output, caption, build_b_passk(data), "no evaluations in this config",
+    long = build_b_passk(data)
+    notes = absent_notes(data.setup, sequential=True) + paper_notes(data.setup, "b_passk", long, "metric")
+    write_long_table(output, caption, long, "no evaluations in this config",
                      ["model", "task", "budget", "matched_at", "metric"], order=METHOD_ORDER, notes=notes)
 
 
@@ -211,13 +221,22 @@ def build_b_drift(data: StageInputs) -> pd.DataFrame:
             rows.append(stat({"model": model, "task": task, "module_type": module, "method": "ES/GRPO"},
                              ratio_ci(es, grpo, "relative_l2"), quantity="relative L2 ratio",
                              n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
-    return pd.DataFrame(rows)
+    return with_paper_rows(pd.DataFrame(rows), "quantity", lambda row: _reported_drift(data.setup, row))
+
+
+def _reported_drift(setup: dict, row: pd.Series) -> PaperValue | None:
+    """Paper B's whole-model ES/GRPO drift ratio (44.1x at Qwen2.5-7B)."""
+    if row["module_type"] != "all":
+        return None
+    return paper_value(setup, "b_drift", row["model"], row["task"], row["method"], row["quantity"])
 
 
 def table_b_drift(data: StageInputs, output: dict) -> None:
     caption = CAPTIONS["b_drift"]
-    write_long_table(output, caption, build_b_drift(data), "no parameter-drift analyses for this config's runs",
-                     ["model", "task", "module_type", "quantity"], order=RATIO_ORDER, notes=absent_notes(data.setup))
+    long = build_b_drift(data)
+    write_long_table(output, caption, long, "no parameter-drift analyses for this config's runs",
+                     ["model", "task", "module_type", "quantity"], order=RATIO_ORDER,
+                     notes=absent_notes(data.setup) + paper_notes(data.setup, "b_drift", long, "quantity"))
 
 
 def _sparsity_rows(keys: dict, runs: pd.DataFrame, metric: str) -> list[dict]:

@@ -74,10 +74,11 @@ def paper_setup(config: dict) -> dict:
         n_samples[model] = n
     continual = list(seq.get("continual") or [])
     methods = [m for m in seq.get("continual_methods", ["es", "grpo"]) if config.get(m)] if continual else []
-    stage_one = [dict(zip(("task", "run", "alias"), continual_stage_one(config, m, s), strict=True))
-                 for m in methods for s in config[m].get("seeds", [0])]
+    aliased = [continual_stage_one(config, m, s) for m in methods for s in config[m].get("seeds", [0])]
+    stage_one = [dict(zip(("task", "run", "alias"), a, strict=True)) for a in aliased if a]
     return {
         "models": models,
+        "sources": {model: spec.get("source") for model, spec in config["models"].items()},  # report.paper_values
         "judged_on": judged,
         "ks": ks,
         "n_samples": n_samples,
@@ -106,7 +107,7 @@ _CONTINUAL = {"base", "cl_es", "cl_grpo"}
 NEEDS: dict[str, dict] = {
     "a_accuracy": {"prompts": _TEST_ES_GRPO | {"es_snap"}, "metrics": {"es", "grpo"}},
     "a_sequential": {"prompts": _CONTINUAL},
-    "a_update_norms": {"drift": {"cl_es", "cl_grpo", "es", "grpo"}},
+    "a_update_norms": {"drift": {"cl_es", "cl_grpo", "es", "grpo"}, "theory": {"cl_es", "es"}},
     "a_heldout": {"prompts": _CONTINUAL},
     "a_geometry": {"cosine": "all", "interpolation": "all", "kl": {"es", "grpo"}},
     "b_passk": {"prompts": _ALL_SINGLE, "metrics": {"es", "grpo"}},

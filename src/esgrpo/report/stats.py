@@ -95,6 +95,22 @@ def ratio_ci(a: pd.DataFrame, b: pd.DataFrame, value: str) -> tuple[float, float
     return a[value].mean() / b[value].mean(), math.nan, math.nan
 
 
+def norm_ratio_over_tensors(a_sq: Sequence[float], b_sq: Sequence[float], seed: int = 0) -> tuple[float, float, float]:
+    """sqrt(sum a_sq) / sqrt(sum b_sq) of two updates' per-tensor squared L2 (the same tensors, paired),
+    with a 95% bootstrap CI resampling tensors: the within-run interval of a one-seed norm ratio."""
+    a, b = np.asarray(a_sq, float), np.asarray(b_sq, float)
+    if a.size == 0 or b.sum() <= 0:
+        return NAN3
+    ratio = float(np.sqrt(a.sum() / b.sum()))
+    if a.size < 2:
+        return ratio, math.nan, math.nan
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(N_BOOT, a.size))
+    den = b[idx].sum(axis=1)
+    ok = den > 0
+    lo, hi = np.quantile(np.sqrt(a[idx].sum(axis=1)[ok] / den[ok]), [0.025, 0.975])
+    return ratio, float(lo), float(hi)
+
+
 def stat(keys: dict, triple: tuple[float, float, float], **extra) -> dict:
     """A table row: `keys`, `extra` columns, then value / value_lo / value_hi."""
     mean, lo, hi = triple
