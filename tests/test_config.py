@@ -31,6 +31,20 @@ def test_shipped_configs_pass(default_config):
     (lambda c: c["es"]["ablations"].update({"task": "gsm8k"}), "es.ablations.task"),
     (lambda c: c["es"].update({"snapshots": [c["es"]["settings"]["iterations"]]}), "es.snapshots"),
     (lambda c: c["es"]["settings"].update({"snapshots": [2]}), "es.settings.snapshots: list the iterations"),
+    (lambda c: c["tasks"].update({"math": {"prompt": {"template": "{problem}"}}}),
+     r"tasks\.math\.prompt\.template: unknown fields \['problem'\]; this task fills \['question'\]"),
+    (lambda c: c["tasks"].update({"gsm8k": {"prompt": {"template": "Q: {}"}}}),
+     r"tasks\.gsm8k\.prompt\.template: fields must be names"),
+    (lambda c: c["tasks"].update({"gsm8k": {"prompt": {"template": "Q: {question"}}}),
+     r"tasks\.gsm8k\.prompt\.template: expected '\}'"),
+    (lambda c: c["tasks"].update({"boolq": {"prompt": {"user": "{question}"}}}),
+     r"tasks\.boolq\.prompt: unknown keys \['user'\]"),
+    (lambda c: c["tasks"]["countdown3"].update({"prompt": {"system": "Be brief."}}),
+     r"tasks\.countdown3\.prompt: countdown3 keeps its own prompt"),
+    (lambda c: c["tasks"].update({"countdown": {"selection": "first_per_level"}}),
+     r"tasks\.countdown\.selection: 'first_per_level' is not known"),
+    (lambda c: c["tasks"].update({"math": {"selection": "first"}}),
+     r"tasks\.math\.selection: 'first' is not known; allowed: \['sample', 'first_per_level'\]"),
 ])
 def test_bad_config_names_the_key(default_config, mutate, message):
     config = copy.deepcopy(default_config)
@@ -50,6 +64,23 @@ def test_schema_rejects_unknown_top_level_key_and_fills_defaults(default_config)
     config["unknown_block"] = 1
     with pytest.raises(WorkflowError, match="unknown_block"):
         validate(config, str(REPO / "schemas" / "config.schema.yaml"))
+
+
+def test_schema_checks_the_task_prompt_and_selection(default_config):
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    schema = str(REPO / "schemas" / "config.schema.yaml")
+    for options, key in (({"selection": "first"}, "first"), ({"prompt": {"template": 3}}, "template"),
+                         ({"prompt": {"sytem": "x"}}, "sytem")):
+        config = copy.deepcopy(default_config)
+        config["tasks"]["math"] = options
+        with pytest.raises(WorkflowError, match=key):
+            validate(config, schema)
+    config = copy.deepcopy(default_config)
+    config["tasks"]["math"] = {"selection": "first_per_level", "prompt": {"system": None, "template": "{question}"}}
+    validate(config, schema)
+    check_config(config)
 
 
 def test_software_env_follows_the_backend(default_config):

@@ -23,6 +23,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from esgrpo.analysis.theory import expected_es_norm
 from esgrpo.checkpoint import LOCK_NAME, ProgressFolder
 from esgrpo.es import snapshot_dir, train_es
 from esgrpo.es_backend import FitnessResult
@@ -157,6 +158,76 @@ def test_normalisations():
         normalize_fitness([0.1, float("nan")])
 
 
+def _no_tie_fitness(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0.0, 1.0, size=n)
+
+
+@pytest.mark.parametrize("n", [4, 16, 30])
+def test_weights_second_moment_per_option(n):
+    """sum w^2: z-score N; centred ranks N(N+1)/(12(N-1)) (the variance of a uniform grid on [-0.5, 0.5]);
+    raw fitness sum f^2; rank / raw under unit_rms: N, the same direction as unscaled."""
+    f = _no_tie_fitness(n, seed=n)
+    squares = {m: float((normalize_fitness(f, m) ** 2).sum()) for m in ("zscore", "rank", "none")}
+    assert squares["zscore"] == pytest.approx(n, rel=1e-6)
+    assert squares["rank"] == pytest.approx(n * (n + 1) / (12 * (n - 1)), rel=1e-12)
+    assert squares["none"] == pytest.approx(float(np.dot(f, f)), rel=1e-12)
+    np.testing.assert_array_equal(normalize_fitness(f, "zscore", unit_rms=True), normalize_fitness(f, "zscore"))
+    for method in ("rank", "none"):
+        plain, scaled = normalize_fitness(f, method), normalize_fitness(f, method, unit_rms=True)
+        assert float((scaled ** 2).sum()) == pytest.approx(n, rel=1e-12)
+        ratio = scaled / plain
+        np.testing.assert_allclose(ratio, ratio[0], rtol=1e-12)  # one positive factor: direction unchanged
+        assert ratio[0] > 0
+    # binary fitness (ties) and an all-zero raw fitness: still N, and zeros stay zeros (no NaN)
+    binary = np.array([0.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    assert float((normalize_fitness(binary, "rank", unit_rms=True) ** 2).sum()) == pytest.approx(6, rel=1e-12)
+    np.testing.assert_array_equal(normalize_fitness(np.zeros(4), "none", unit_rms=True), np.zeros(4))
+
+
+def _update_norm(n: int, weights: np.ndarray, alpha: float, d: int, noise_of=tensor_noise) -> float:
+    theta = {"w": torch.zeros(d)}
+    return apply_update(theta, member_seeds(5, 0, n, antithetic=False), weights, alpha, noise_of)
+
+
+def test_update_norm_ratio_between_normalisations_at_same_alpha():
+    """With the same seeds and alpha, ||step|| ~ alpha/N sqrt(d sum w^2): unscaled ranks step
+    sqrt(12(N-1)/(N+1)) (~3.25 at N=16) times shorter than z-scores; under unit_rms the rank / raw steps
+    match the z-score's and the theory's alpha sqrt(d/N) (Gaussian noise: up to O(1/sqrt(d)))."""
+    n, d, alpha = 16, 200_000, 0.01
+    f = _no_tie_fitness(n, seed=1)
+    norms = {(m, u): _update_norm(n, normalize_fitness(f, m, unit_rms=u), alpha, d)
+             for m in ("zscore", "rank", "none") for u in (False, True)}
+    expected_ratio = math.sqrt(12 * (n - 1) / (n + 1))
+    assert norms["zscore", False] / norms["rank", False] == pytest.approx(expected_ratio, rel=0.02)
+    assert norms["zscore", False] / norms["rank", False] > 3.0
+    theory = expected_es_norm(alpha, n, d, 1)
+    for key in [("zscore", False), ("rank", True), ("none", True)]:
+        assert norms[key] == pytest.approx(theory, rel=0.02), key
+    assert norms["rank", False] == pytest.approx(theory / expected_ratio, rel=0.02)
+
+
+def test_unit_rms_update_norms_equal_on_orthogonal_noise():
+    """On noise vectors that are exactly orthogonal with norm sqrt(d), ||sum w_n eps_n||^2 = d sum w^2 with
+    no sampling term: under unit_rms every normalisation's step has the z-score's norm to float precision
+    (z-scores' sum is N (std / (std + 1e-8))^2)."""
+    n, d, alpha = 16, 4096, 0.01
+    seeds = member_seeds(5, 0, n, antithetic=False)
+    basis, _ = torch.linalg.qr(torch.randn(d, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64))
+    column = {seed: basis[:, i].float() * math.sqrt(d) for i, (seed, _) in enumerate(seeds)}
+
+    def orthogonal_noise(seed, name, shape, device):
+        return column[int(seed)].reshape(tuple(shape)).to(device)
+
+    f = _no_tie_fitness(n, seed=2)
+    norms = {m: _update_norm(n, normalize_fitness(f, m, unit_rms=True), alpha, d, orthogonal_noise)
+             for m in ("zscore", "rank", "none")}
+    theory = expected_es_norm(alpha, n, d, 1)
+    for method, norm in norms.items():
+        assert norm == pytest.approx(theory, rel=1e-5), method
+    unscaled_rank = _update_norm(n, normalize_fitness(f, "rank"), alpha, d, orthogonal_noise)
+    assert norms["zscore"] / unscaled_rank == pytest.approx(math.sqrt(12 * (n - 1) / (n + 1)), rel=1e-5)
+
+
 @pytest.mark.parametrize("changes, field", [
     ({"population_size": 1}, "population_size"),
     ({"population_size": 7, "antithetic": True}, "population_size"),
@@ -167,6 +238,7 @@ def test_normalisations():
     ({"alpha": 0}, "alpha"),
     ({"iterations": -1}, "iterations"),
     ({"normalization": "minmax"}, "normalization"),
+    ({"unit_rms_weights": "yes"}, "unit_rms_weights"),
     ({"fitness_top_p": 0.0}, "fitness_top_p"),
     ({"fitness_temperature": -0.5}, "fitness_temperature"),
     ({"reward_scheme": "dense"}, "reward_scheme"),
@@ -274,23 +346,29 @@ def test_sequential_evaluator_that_loads_members_leaves_model_restored(tmp_path)
         assert torch.equal(v, init[k]), k
 
 
-@pytest.mark.parametrize("antithetic, normalization", [(False, "zscore"), (True, "zscore"), (False, "rank")])
-def test_update_matches_closed_form(tmp_path, antithetic, normalization):
+@pytest.mark.parametrize("antithetic, normalization, unit_rms", [
+    (False, "zscore", False), (True, "zscore", False), (False, "rank", False), (False, "rank", True),
+    (False, "none", True)])
+def test_update_matches_closed_form(tmp_path, antithetic, normalization, unit_rms):
     model = tiny_llama(layers=2)
     names = trainable_names(model, ["*"])
     theta0 = {k: v.double() for k, v in theta_from_model(model, names).items()}
     target = {k: v.float() + 0.05 for k, v in theta0.items()}
     seen: list[np.ndarray] = []
     cfg = ESConfig(population_size=6, sigma=0.02, alpha=0.01, iterations=1, antithetic=antithetic,
-                   normalization=normalization, seed=11)
+                   normalization=normalization, unit_rms_weights=unit_rms, seed=11)
     summary = run_es(model, None, ROWS, cfg, quadratic_evaluator(target, seen), tmp_path / "o", tmp_path / "p",
                        log=lambda s: None)
     # independently: w from the recorded fitness, then theta0 + alpha/N sum_n w_n sign_n eps_n in float64
     f = seen[0]
     if normalization == "zscore":
         w = (f - f.mean()) / (np.sqrt(((f - f.mean()) ** 2).mean()) + 1e-8)
-    else:
+    elif normalization == "rank":
         w = (np.argsort(np.argsort(f)) / (len(f) - 1)) - 0.5  # no ties in continuous fitness
+    else:
+        w = f.copy()
+    if unit_rms and normalization != "zscore":
+        w = w / np.sqrt((w ** 2).mean())  # sum w^2 = N
     step_sq = 0.0
     final = saved_weights(tmp_path / "o")
     for name in names:

@@ -11,6 +11,9 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import yaml  # noqa: E402
+from conftest import REPO  # noqa: E402
+
 from esgrpo.io import read_jsonl  # noqa: E402
 from esgrpo.rewards import VERIFIERS  # noqa: E402
 from esgrpo.tasks import hub  # noqa: E402
@@ -204,14 +207,34 @@ def test_math_train_is_stratified_and_seeded(tmp_path):
         assert r["answer"] == str(int(level[1:]) * 100 + int(k))
     assert rows == hub.load_math("train", None, 0, source=source)
     assert [r["id"] for r in rows] != [r["id"] for r in hub.load_math("train", None, 1, source=source)]
-    first = hub.load_math("train", 10, 0, source=source, first_per_level=True)
-    assert first == hub.load_math("train", 10, 7, source=source, first_per_level=True)
+    first = hub.load_math("train", 10, 0, source=source, selection="first_per_level")
+    assert first == hub.load_math("train", 10, 7, source=source, selection="first_per_level")
     records = math_train_records()
     level_1 = [i for i, r in enumerate(records) if str(r["level"]) in {"1", "Level 1"}]
     assert [r["meta"]["source_index"] for r in first[:2]] == level_1[:2]
     small = hub.load_math("train", 12, 0, source=source)
     small_levels = [r["meta"]["level"] for r in small]
     assert [small_levels.count(lv) for lv in range(1, 6)] == [3, 3, 2, 2, 2]
+
+
+def test_math_first_per_level_takes_each_levels_first_40_in_dataset_order(tmp_path):
+    """Paper A's selection (configs/paper_a.yaml): train_size 200 -> the first 40 problems of level 1,
+    then of level 2, ... in the file's order, whatever the seed; the default sample differs."""
+    records = math_train_records()  # 45 per level, levels shuffled together
+    source = write_jsonl(tmp_path / "math_train.jsonl", records)
+    options = yaml.safe_load((REPO / "configs" / "paper_a.yaml").read_text())["tasks"]["math"]
+    assert options["selection"] == "first_per_level" and options["train_size"] == 200
+    rows = read_jsonl(prepare(tmp_path, "math", source, ["train"], options)["train"])
+    expected = [i for level in range(1, 6)
+                for i in [j for j, r in enumerate(records) if str(r["level"]) in {str(level), f"Level {level}"}][:40]]
+    assert [r["meta"]["source_index"] for r in rows] == expected
+    assert [r["answer"] for r in rows] == [records[i]["answer"] for i in expected]
+    assert hub.load_math("train", 200, 11, source=source, selection="first_per_level") == \
+        hub.load_math("train", 200, 0, source=source, selection="first_per_level")
+    sampled = hub.load_math("train", 200, 0, source=source)
+    assert [r["meta"]["source_index"] for r in sampled] != expected
+    with pytest.raises(ValueError, match="selection must be one of"):
+        hub.load_math("train", 10, 0, source=source, selection="first")
 
 
 def test_math_test_split_and_gold_from_solution(tmp_path):
@@ -391,12 +414,14 @@ def write_records(path: Path, records: list[dict]) -> str:
     return str(path)
 
 
-def prepare(tmp_path: Path, task: str, source: str, splits: list[str]) -> dict:
+def prepare(tmp_path: Path, task: str, source: str, splits: list[str], options: dict | None = None) -> dict:
+    """prepare_task on a local copy with the task's config block `options` (sizes, prompt, selection)."""
     from esgrpo.pipeline.data import prepare_task
 
     out = {s: str(tmp_path / "out" / f"{s}.jsonl") for s in ("train", "test")}
     out["info"] = str(tmp_path / "out" / "info.json")
-    prepare_task({}, out, {"options": {"source": source}, "seed": 0, "splits": splits}, {"task": task}, 1)
+    params = {"options": {**(options or {}), "source": source}, "seed": 0, "splits": splits}
+    prepare_task({}, out, params, {"task": task}, 1)
     return out
 
 
@@ -488,3 +513,73 @@ def test_json_files_read_as_datasets_reads_them(tmp_path, records):
         write_records(path, records)
         ours, _ = read_json_records(path)
         assert ours == [dict(r) for r in load_dataset("json", data_files=str(path), split="train")] == records
+
+
+# ----------------------------------------------------------------------------------------------
+# The papers' prompts (tasks.<name>.prompt in configs/paper_a.yaml and configs/paper_b.yaml)
+
+
+def paper_options(paper: str, task: str) -> dict:
+    return yaml.safe_load((REPO / "configs" / f"{paper}.yaml").read_text())["tasks"][task]
+
+
+def assert_prompt(row: dict, system: str, user: str) -> None:
+    assert row["prompt"] == [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+
+def test_paper_a_prompts_reach_the_rows(tmp_path, countdown_source):
+    """Each task's configured system prompt, and its template filled with the dataset's own values
+    (written here the way paper A's load_data writes them), through prepare_task."""
+    opts = paper_options("paper_a", "countdown")
+    for row in read_jsonl(prepare(tmp_path / "cd", "countdown", countdown_source, ["train"], opts)["train"])[:5]:
+        assert_prompt(row, opts["prompt"]["system"],
+                      f"Numbers: {row['meta']['numbers']}\nTarget: {row['meta']['target']}")
+
+    boolq = [{"question": f"is item {i} even", "passage": f"Passage {i}.", "answer": i % 2 == 0} for i in range(5)]
+    opts = paper_options("paper_a", "boolq")
+    rows = read_jsonl(prepare(tmp_path / "bq", "boolq", write_jsonl(tmp_path / "bq.jsonl", boolq), ["train"],
+                              opts)["train"])
+    for row, rec in zip(rows, boolq, strict=True):
+        assert_prompt(row, opts["prompt"]["system"], f"Passage: {rec['passage']}\n\nQuestion: {rec['question']}")
+    assert "\\boxed{}" in opts["prompt"]["system"]
+
+    chem = sciknoweval_records()
+    opts = paper_options("paper_a", "chemistry")
+    rows = read_jsonl(prepare(tmp_path / "ch", "chemistry", write_jsonl(tmp_path / "ch.jsonl", chem), ["train"],
+                              opts)["train"])
+    for row in rows[:5]:
+        rec = chem[row["meta"]["source_index"]]
+        labelled = zip(rec["choices"]["label"], rec["choices"]["text"], strict=True)
+        choices = "\n".join(f"{label}) {text}" for label, text in labelled)
+        assert_prompt(row, opts["prompt"]["system"], f"Question: {rec['question']}\n\n{choices}\n\n"
+                      'Please show your choice in the answer field with only the choice letter, e.g., "answer": "C".')
+
+    records = math_train_records()
+    opts = paper_options("paper_a", "math")
+    rows = read_jsonl(prepare(tmp_path / "ma", "math", write_jsonl(tmp_path / "ma.jsonl", records), ["train"],
+                              opts)["train"])
+    assert opts["prompt"]["system"].startswith("You are a math expert.")
+    for row in rows[:5]:
+        assert_prompt(row, opts["prompt"]["system"], records[row["meta"]["source_index"]]["problem"])
+
+
+def test_paper_b_gsm8k_prompt_is_the_default_written_out(tmp_path):
+    source = write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k_records(6))
+    opts = paper_options("paper_b", "gsm8k")
+    rows = read_jsonl(prepare(tmp_path, "gsm8k", source, ["train", "test"], opts)["test"])
+    for row, rec in zip(rows, gsm8k_records(6), strict=True):
+        assert_prompt(row, BOXED_SYSTEM_PROMPT, rec["question"])
+    assert rows == hub.load_gsm8k("test", None, 0, source=source)
+
+
+def test_a_prompt_replaces_only_what_it_names(tmp_path):
+    records = [{"problem": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(4)]
+    source = write_jsonl(tmp_path / "deepscaler.jsonl", records)
+    default = hub.load_deepscaler("train", None, 0, source=source)
+    no_system = hub.load_deepscaler("train", None, 0, source=source, prompt={"system": None})
+    assert [r["prompt"] for r in no_system] == [r["prompt"][1:] for r in default]
+    templated = hub.load_deepscaler("train", None, 0, source=source, prompt={"template": "Solve: {question} {{ok}}"})
+    assert [r["prompt"][0] for r in templated] == [r["prompt"][0] for r in default]
+    assert templated[2]["prompt"][1]["content"] == "Solve: What is 2 + 2? {ok}"
+    with pytest.raises(ValueError, match=r"prompt\.template: unknown fields \['problem'\]"):
+        hub.load_deepscaler("train", None, 0, source=source, prompt={"template": "{problem}"})

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from esgrpo.es_config import ESConfig
 from esgrpo.grpo_settings import GRPOSettings
+from esgrpo.tasks.base import prompt_setting
 from esgrpo.tasks.registry import TASKS, get_task
 
 # Folders of results/ that a model or task name would collide with.
@@ -26,6 +27,8 @@ def check_config(config: dict) -> None:
     unknown = sorted(set(config["tasks"]) - set(TASKS))
     if unknown:
         raise ConfigError(f"tasks.{unknown[0]}: unknown task; known tasks: {sorted(TASKS)}")
+    for task, options in config["tasks"].items():
+        _check_task_options(task, options)
     for model, spec in config["models"].items():
         _check_model(config, model, spec)
     for block in ("models", "tasks"):
@@ -35,6 +38,22 @@ def check_config(config: dict) -> None:
     _check_trainers(config)
     _check_sequential(config)
     _check_eval(config)
+
+
+def _check_task_options(task: str, options: dict) -> None:
+    """`prompt` only on tasks whose loader fills a template, with fields it knows; `selection` a value it knows."""
+    spec = get_task(task)
+    if "prompt" in options:
+        if not spec.prompt_fields:
+            raise ConfigError(f"tasks.{task}.prompt: {task} keeps its own prompt (an offline miniature); "
+                              f"tasks with a prompt option: {sorted(t for t, s in TASKS.items() if s.prompt_fields)}")
+        try:
+            prompt_setting(options["prompt"], None, spec.prompt_fields)
+        except ValueError as err:
+            raise ConfigError(f"tasks.{task}.{err}") from None
+    if "selection" in options and options["selection"] not in spec.selections:
+        allowed = list(spec.selections) or f"none ({task} has one way to choose its rows)"
+        raise ConfigError(f"tasks.{task}.selection: {options['selection']!r} is not known; allowed: {allowed}")
 
 
 def _check_model(config: dict, model: str, spec: dict) -> None:

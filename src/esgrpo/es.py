@@ -183,7 +183,8 @@ def _iteration(backend: ESBackend, rows: list[Row], cfg: ESConfig, t: int, total
     skipped = all_equal(fitness)
     update_norm = 0.0
     if not skipped:
-        update_norm = backend.apply_update(seeds_signs, normalize_fitness(fitness, cfg.normalization), cfg.alpha)
+        weights = normalize_fitness(fitness, cfg.normalization, cfg.unit_rms_weights)
+        update_norm = backend.apply_update(seeds_signs, weights, cfg.alpha)
         totals["updates"] += 1
     else:
         totals["skipped"] += 1

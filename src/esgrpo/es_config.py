@@ -47,6 +47,14 @@ class ESConfig(SettingsDataclass):
     normalization: str = field(default="zscore", metadata={
         "help": f"Fitness shaping into update weights, one of {NORMALIZATIONS}: z-score (population std), "
                 "centred ranks in [-0.5, 0.5], or the raw fitness."})
+    # Off by default: paper B's public code defines only the z-score (docs/references.md), so nothing
+    # says its rank / raw ablation rescaled the weights; off, the ablation compares shaping and step size
+    # together (at N=16 a rank step is ~3.3x smaller than a z-scored one), on, the direction alone.
+    unit_rms_weights: bool = field(default=False, metadata={
+        "help": "Scale rank / raw ('none') weights to the z-score's second moment (sum w^2 = N) so that, at "
+                "the same alpha, every normalization takes steps of the same expected size and only the "
+                "direction differs; z-scores are unchanged. False: the unscaled weights (ranks in [-0.5, 0.5], "
+                "raw uncentred fitness)."})
     antithetic: bool = field(default=False, metadata={
         "help": "Mirrored sampling: members come in (+eps, -eps) pairs; needs an even population_size."})
     fitness_temperature: float = field(default=0.0, metadata={
@@ -85,6 +93,7 @@ class ESConfig(SettingsDataclass):
         check.boolean("resample_prompts")
         check.boolean("antithetic")
         check.choice("normalization", NORMALIZATIONS)
+        check.boolean("unit_rms_weights")
         if self.antithetic and self.population_size % 2:
             raise check.error("population_size", "must be even when antithetic is true (members come in +/- pairs)")
         check.number("fitness_temperature", 0.0)  # 0 = greedy

@@ -10,7 +10,8 @@ Per iteration t, with theta the fp32 master copy of every trainable tensor:
    used with +eps and -eps);
 2. member n has theta_n = theta + sign_n * sigma * eps_n, eps_n regenerated in fp32 from
    (member seed, tensor name), independently per tensor;
-3. normalise the fitness (z-score, centred rank, or none) into weights w_n;
+3. normalise the fitness (z-score, centred rank, or none; rank / none optionally scaled to the
+   z-score's sum w^2 = N) into weights w_n;
 4. theta <- theta + alpha / N * sum_n w_n * sign_n * eps_n, accumulated in fp32, applied once.
 """
 
@@ -182,12 +183,20 @@ def all_equal(f: np.ndarray | Sequence[float]) -> bool:
     return bool(f.size == 0 or np.all(f == f[0]))
 
 
-def normalize_fitness(f: np.ndarray | Sequence[float], method: str = "zscore") -> np.ndarray:
+def normalize_fitness(f: np.ndarray | Sequence[float], method: str = "zscore", unit_rms: bool = False) -> np.ndarray:
     """Fitness shaping: the weights w_n of the update.
 
-    zscore: (f - mean) / (std + 1e-8) with the population std (ddof=0), so sum w^2 ~= N;
-    rank: centred ranks rank/(N-1) - 0.5 in [-0.5, 0.5], ties share their average rank;
-    none: f unchanged.
+    zscore: (f - mean) / (std + 1e-8) with the population std (ddof=0), so sum w^2 ~= N: paper B's
+    public code, whose only shaping it is (docs/references.md);
+    rank: centred ranks rank/(N-1) - 0.5 in [-0.5, 0.5], ties share their average rank, so
+    (without ties) sum w^2 = N(N+1) / (12(N-1)) and at the same alpha the step is sqrt(12(N-1)/(N+1)) (~3.3 at N=16,
+    -> sqrt(12) ~ 3.46) times smaller than z-score's;
+    none: f unchanged (uncentred: the step's size follows the fitness level, its direction includes
+    the sum of the noise).
+
+    unit_rms: rank and none weights scaled to the z-score's second moment, sum w^2 = N, so at the same
+    alpha the three shapings take steps of the same expected size and differ only in direction
+    (z-scores are returned as they are; all-zero weights stay zero).
     """
     f = np.asarray(f, dtype=np.float64).ravel()
     if f.size == 0 or not np.all(np.isfinite(f)):
@@ -195,18 +204,31 @@ def normalize_fitness(f: np.ndarray | Sequence[float], method: str = "zscore") -
     if method == "zscore":
         return (f - f.mean()) / (f.std(ddof=0) + 1e-8)
     if method == "rank":
-        if f.size == 1:
-            return np.zeros(1)
-        order = np.argsort(f, kind="stable")
-        ranks = np.empty(f.size)
-        ranks[order] = np.arange(f.size, dtype=np.float64)
-        for value in np.unique(f):  # average the ranks of tied values
-            tied = f == value
-            ranks[tied] = ranks[tied].mean()
-        return ranks / (f.size - 1) - 0.5
-    if method == "none":
-        return f.copy()
-    raise ValueError(f"normalization must be one of ['zscore', 'rank', 'none'], got {method!r}")
+        weights = _centred_ranks(f)
+    elif method == "none":
+        weights = f.copy()
+    else:
+        raise ValueError(f"normalization must be one of ['zscore', 'rank', 'none'], got {method!r}")
+    return _to_unit_rms(weights) if unit_rms else weights
+
+
+def _centred_ranks(f: np.ndarray) -> np.ndarray:
+    """rank/(N-1) - 0.5 in [-0.5, 0.5], tied values sharing their average rank; 0 for a lone member."""
+    if f.size == 1:
+        return np.zeros(1)
+    order = np.argsort(f, kind="stable")
+    ranks = np.empty(f.size)
+    ranks[order] = np.arange(f.size, dtype=np.float64)
+    for value in np.unique(f):  # average the ranks of tied values
+        tied = f == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks / (f.size - 1) - 0.5
+
+
+def _to_unit_rms(weights: np.ndarray) -> np.ndarray:
+    """weights * sqrt(N / sum w^2): sum w^2 = N, the z-score's second moment (zeros stay zeros)."""
+    squares = float(np.sum(weights ** 2))
+    return weights * math.sqrt(weights.size / squares) if squares > 0 else weights
 
 
 # --------------------------------------------------------------------------- the update

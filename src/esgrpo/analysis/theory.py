@@ -2,7 +2,10 @@
 
 With z-scored fitness the step is ``alpha / N * sum_n z_n eps_n`` and ``sum_n z_n^2 = N``, so
 each step has expected squared norm ``alpha^2 d / N``; steps are nearly orthogonal in high
-dimension, so ``E ||theta_T - theta_0||^2 ~= alpha^2 T d / N`` grows linearly in T.
+dimension, so ``E ||theta_T - theta_0||^2 ~= alpha^2 T d / N`` grows linearly in T. It holds for any
+one-sided weights with ``sum_n w_n^2 = N``: z-scores, and rank / raw weights only under
+``ESConfig.unit_rms_weights`` (unscaled ranks give ``N(N+1) / (12(N-1))``, raw fitness its level); the
+report checks it on z-scored one-sided runs (``esgrpo.report.planning.ZSCORE_ONE_SIDED``).
 """
 
 from __future__ import annotations

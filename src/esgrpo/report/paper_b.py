@@ -78,7 +78,13 @@ CAPTIONS = {
                     "greedy / mean@n (= Pass@1) / Pass@K with 95% CIs over seeds and prompts; final train reward = "
                     "mean fitness over the last 10% of iterations (CI over seeds and iterations). Contrast rows are "
                     "paired differences (per prompt; per iteration for the train reward). All settings share N, "
-                    "iterations and prompts per iteration, hence rollouts: iterations and rollouts budgets coincide."),
+                    "iterations and prompts per iteration, hence rollouts: iterations and rollouts budgets coincide. "
+                    "They also share alpha: unless es.settings.unit_rms_weights is true, rank weights are centred "
+                    "ranks in [-0.5, 0.5] (sum w^2 = N(N+1)/(12(N-1)) vs the z-score's N: steps ~3.3x smaller at "
+                    "N = 16, ~3.4x at large N) and none is the raw, uncentred fitness (step size set by the "
+                    "fitness level), so normalisation and step size differ together; with it, rank / raw weights "
+                    "are scaled to sum w^2 = N and only the direction differs. Paper B's public code defines "
+                    "only the z-score."),
     "b_population": ("Paper B: population sweep on {ablation_task}. Final train reward (mean fitness over "
                      "the last 10% of iterations, 95% CI over seeds and iterations) per N at equal iterations; "
                      "smallest_sufficient marks the smallest N whose reward is at least the largest N's minus 0.01 "

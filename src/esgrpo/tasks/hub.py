@@ -9,7 +9,9 @@ Every loader has the signature ``loader(split, size, seed, source=None, **option
   holding that Hub split in the dataset's own schema; ``{split}`` in it is replaced by the Hub
   split name, so ``data/boolq/{split}.jsonl`` serves both BoolQ splits. Machines without
   network use this (and ``source="package"`` for the GSM8K test split shipped in a package);
-- ``options["system"]`` overrides the system prompt.
+- ``options["prompt"]`` = ``{system, template}`` replaces the system prompt and/or the user turn
+  (a ``str.format`` template over the task's fields, listed in ``*_FIELDS`` below; e.g. paper A's
+  wordings in configs/paper_a.yaml); without it a task keeps its own wording.
 
 Row ids carry the row's index in its Hub split, so the same question has the same id
 whatever size or seed selected it. Records are read by ``esgrpo.tasks.records``: a malformed one
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from esgrpo.rewards import last_boxed
-from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT, Row, make_row
+from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT, Row, make_row, prompt_setting
 from esgrpo.tasks.records import (
     ANSWER,
     INTEGER,
@@ -87,6 +89,8 @@ def _check_size(size: int | None, task: str) -> None:
 # ----------------------------------------------------------------------------------------------
 # GSM8K
 
+GSM8K_FIELDS = ("question",)
+
 
 def gsm8k_gold(solution: str) -> str:
     """The final answer of a GSM8K solution: the text after `####`, thousands commas removed."""
@@ -132,7 +136,7 @@ def load_gsm8k(split: str, size: int | None, seed: int, source: str | None = Non
         source = str(path)
     records, origin = load_records(GSM8K_ID, "main", split, source)
     require(records, {"question": TEXT, "answer": TEXT}, origin)
-    system = options.get("system", BOXED_SYSTEM_PROMPT)
+    system, template = prompt_setting(options.get("prompt"), BOXED_SYSTEM_PROMPT, GSM8K_FIELDS)
     rows = []
     for idx in _take_sample(range(len(records)), size, None, seed):
         rec = records[idx]
@@ -140,13 +144,15 @@ def load_gsm8k(split: str, size: int | None, seed: int, source: str | None = Non
             gold = gsm8k_gold(str(rec["answer"]))
         except ValueError as err:
             raise DatasetFormatError(f"{origin.row(idx)}: {err}") from None
-        rows.append(make_row(f"gsm8k-{split}-{idx:05d}", str(rec["question"]), gold,
-                             {"source_index": idx}, system=system))
+        rows.append(make_row(f"gsm8k-{split}-{idx:05d}", str(rec["question"]), gold, {"source_index": idx},
+                             system=system, template=template, fields={"question": str(rec["question"])}))
     return rows
 
 
 # ----------------------------------------------------------------------------------------------
 # DeepScaleR
+
+DEEPSCALER_FIELDS = ("question",)
 
 
 def load_deepscaler(split: str, size: int | None, seed: int, source: str | None = None,
@@ -158,10 +164,11 @@ def load_deepscaler(split: str, size: int | None, seed: int, source: str | None 
         raise ValueError("deepscaler: the dataset has a train split only; evaluate on the `math` task (MATH-500)")
     records, origin = load_records(DEEPSCALER_ID, None, "train", source)
     require(records, {"problem": TEXT, "answer": ANSWER}, origin)
-    system = options.get("system", BOXED_SYSTEM_PROMPT)
+    system, template = prompt_setting(options.get("prompt"), BOXED_SYSTEM_PROMPT, DEEPSCALER_FIELDS)
     return [
         make_row(f"deepscaler-train-{idx:05d}", str(records[idx]["problem"]), str(records[idx]["answer"]).strip(),
-                 {"source_index": idx}, system=system)
+                 {"source_index": idx}, system=system, template=template,
+                 fields={"question": str(records[idx]["problem"])})
         for idx in _take_sample(range(len(records)), size, None, seed)
     ]
 
@@ -171,6 +178,7 @@ def load_deepscaler(split: str, size: int | None, seed: int, source: str | None 
 
 COUNTDOWN_TRAIN = 200
 COUNTDOWN_TEST = 2000
+COUNTDOWN_FIELDS = ("numbers", "target")  # numbers as a Python list, "[44, 19, 35]", as paper A prints them
 
 
 def countdown_question(numbers: Sequence[int], target: int) -> str:
@@ -202,13 +210,14 @@ def load_countdown(split: str, size: int | None, seed: int, source: str | None =
     else:
         offset = int(options.get("test_offset", COUNTDOWN_TRAIN))
         indices = _take_first(range(offset, len(records)), size, COUNTDOWN_TEST)
-    system = options.get("system", BOXED_SYSTEM_PROMPT)
+    system, template = prompt_setting(options.get("prompt"), BOXED_SYSTEM_PROMPT, COUNTDOWN_FIELDS)
     rows = []
     for idx in indices:
         rec = records[idx]
         numbers, target = rec["nums"], rec["target"]
         rows.append(make_row(f"countdown-{split}-{idx:06d}", countdown_question(numbers, target), str(target),
-                             {"numbers": numbers, "target": target, "source_index": idx}, system=system))
+                             {"numbers": numbers, "target": target, "source_index": idx}, system=system,
+                             template=template, fields={"numbers": str(list(numbers)), "target": target}))
     return rows
 
 
@@ -217,6 +226,10 @@ def load_countdown(split: str, size: int | None, seed: int, source: str | None =
 
 MATH_PER_LEVEL = 40
 MATH_LEVELS = (1, 2, 3, 4, 5)
+MATH_FIELDS = ("question",)
+# How the train problems of each level are chosen: a seeded sample (default), or each level's first
+# problems in dataset order, as paper A's MATHTask._stratified_sample does (docs/references.md).
+MATH_SELECTIONS = ("sample", "first_per_level")
 
 
 def _math_level(value: Any) -> int | None:
@@ -236,10 +249,13 @@ def _math_gold(rec: dict) -> str | None:
 def load_math(split: str, size: int | None, seed: int, source: str | None = None, **options: Any) -> list[Row]:
     """MATH (paper A). train: 40 problems per level 1-5 from nlile/hendrycks-MATH-benchmark,
     sampled with `seed` (size n gives n // 5 per level, the remainder to the lowest levels;
-    option `first_per_level=True` takes each level's first problems instead);
+    option `selection="first_per_level"` takes each level's first problems in dataset order instead);
     test: the 500 problems of HuggingFaceH4/MATH-500."""
     _check_split("math", split)
     _check_size(size, "math")
+    selection = options.get("selection", "sample")
+    if selection not in MATH_SELECTIONS:
+        raise ValueError(f"math: selection must be one of {MATH_SELECTIONS}, got {selection!r}")
     hub_id = MATH_TRAIN_ID if split == "train" else MATH_TEST_ID
     records, origin = load_records(hub_id, None, split, source)
     needed = {"problem": TEXT, "level": (int, str)} if split == "train" else {"problem": TEXT}
@@ -259,12 +275,11 @@ def load_math(split: str, size: int | None, seed: int, source: str | None = None
             want = per_level + (1 if rank < extra else 0)
             if len(pool) < want:
                 raise DatasetFormatError(f"{origin}: level {level} has {len(pool)} problems, {want} needed")
-            # option first_per_level=True takes each level's first problems, as paper A's public code does
-            indices += pool[:want] if options.get("first_per_level") else sorted(rng.sample(pool, want))
+            indices += pool[:want] if selection == "first_per_level" else sorted(rng.sample(pool, want))
     else:
         indices = _take_sample(range(len(records)), size, None, seed)
 
-    system = options.get("system", BOXED_SYSTEM_PROMPT)
+    system, template = prompt_setting(options.get("prompt"), BOXED_SYSTEM_PROMPT, MATH_FIELDS)
     rows = []
     for idx in indices:
         rec = records[idx]
@@ -274,7 +289,8 @@ def load_math(split: str, size: int | None, seed: int, source: str | None = None
         meta = {"source_index": idx, "level": _math_level(rec.get("level")), "subject": rec.get("subject"),
                 "unique_id": rec.get("unique_id")}
         rows.append(make_row(f"math-{split}-{idx:05d}", str(rec["problem"]), gold,
-                             {k: v for k, v in meta.items() if v is not None}, system=system))
+                             {k: v for k, v in meta.items() if v is not None}, system=system,
+                             template=template, fields={"question": str(rec["problem"])}))
     return rows
 
 
@@ -283,6 +299,7 @@ def load_math(split: str, size: int | None, seed: int, source: str | None = None
 
 BOOLQ_TRAIN = 200
 BOOLQ_TEST = 2000
+BOOLQ_FIELDS = ("passage", "question")  # as in the dataset (BoolQ's questions: lower case, no "?")
 
 
 def boolq_question(question: str, passage: str) -> str:
@@ -301,7 +318,7 @@ def load_boolq(split: str, size: int | None, seed: int, source: str | None = Non
     records, origin = load_records(BOOLQ_ID, None, hub_split, source)
     require(records, {"question": TEXT, "passage": TEXT, "answer": (bool, str)}, origin)
     indices = _take_first(range(len(records)), size, BOOLQ_TRAIN if split == "train" else BOOLQ_TEST)
-    system = options.get("system", BOXED_SYSTEM_PROMPT)
+    system, template = prompt_setting(options.get("prompt"), BOXED_SYSTEM_PROMPT, BOOLQ_FIELDS)
     rows = []
     for idx in indices:
         rec = records[idx]
@@ -311,7 +328,8 @@ def load_boolq(split: str, size: int | None, seed: int, source: str | None = Non
         if not isinstance(answer, bool):
             raise DatasetFormatError(f"{origin.row(idx)}: 'answer' must be a boolean, got {answer!r}")
         rows.append(make_row(f"boolq-{split}-{idx:05d}", boolq_question(str(rec["question"]), str(rec["passage"])),
-                             "yes" if answer else "no", {"source_index": idx}, system=system))
+                             "yes" if answer else "no", {"source_index": idx}, system=system, template=template,
+                             fields={"passage": str(rec["passage"]), "question": str(rec["question"])}))
     return rows
 
 
@@ -321,13 +339,18 @@ def load_boolq(split: str, size: int | None, seed: int, source: str | None = Non
 CHEMISTRY_TRAIN = 200
 CHEMISTRY_TEST = 2000
 CHEMISTRY_SHUFFLE_SEED = 42  # paper A's fixed shuffle: the train/test partition never moves
+CHEMISTRY_FIELDS = ("question", "choices")  # choices: one "A) text" line per option
+
+
+def chemistry_choices(labels: Sequence[str], texts: Sequence[str]) -> str:
+    """The options of a multiple-choice question, one "A) text" line each."""
+    return "\n".join(f"{label}) {text}" for label, text in zip(labels, texts, strict=True))
 
 
 def chemistry_question(question: str, labels: Sequence[str], texts: Sequence[str]) -> str:
     """The user turn of a multiple-choice question."""
-    options = "\n".join(f"{label}) {text}" for label, text in zip(labels, texts, strict=True))
     return (
-        f"Question: {question.strip()}\n\n{options}\n\n"
+        f"Question: {question.strip()}\n\n{chemistry_choices(labels, texts)}\n\n"
         'Give your choice as the letter only in the answer field, e.g. "answer": "C".'
     )
 
@@ -350,7 +373,7 @@ def load_chemistry(split: str, size: int | None, seed: int, source: str | None =
         indices = _take_first(pool, size, CHEMISTRY_TRAIN)
     else:
         indices = _take_first(pool[CHEMISTRY_TRAIN:], size, CHEMISTRY_TEST)
-    system = options.get("system", CHEMISTRY_SYSTEM_PROMPT)
+    system, template = prompt_setting(options.get("prompt"), CHEMISTRY_SYSTEM_PROMPT, CHEMISTRY_FIELDS)
     rows = []
     for idx in indices:
         rec = records[idx]
@@ -367,5 +390,6 @@ def load_chemistry(split: str, size: int | None, seed: int, source: str | None =
         if isinstance(details, dict) and details.get("level") is not None:
             meta["level"] = details["level"]
         rows.append(make_row(f"chemistry-{split}-{idx:06d}", chemistry_question(str(rec["question"]), labels, texts),
-                             gold, meta, system=system))
+                             gold, meta, system=system, template=template,
+                             fields={"question": str(rec["question"]), "choices": chemistry_choices(labels, texts)}))
     return rows

@@ -11,14 +11,19 @@ from esgrpo.tasks.base import TaskSpec
 
 # The papers' datasets, read from the Hugging Face Hub or a local copy (esgrpo.tasks.hub).
 HUB_TASKS: dict[str, TaskSpec] = {
-    "gsm8k": TaskSpec("gsm8k", "math", hub.load_gsm8k, "GSM8K grade-school maths (paper B, easy setting)"),
+    "gsm8k": TaskSpec("gsm8k", "math", hub.load_gsm8k, "GSM8K grade-school maths (paper B, easy setting)",
+                      prompt_fields=hub.GSM8K_FIELDS),
     "deepscaler": TaskSpec("deepscaler", "math", hub.load_deepscaler,
-                           "DeepScaleR-Preview maths, train only (paper B, hard)", splits=("train",)),
-    "countdown": TaskSpec("countdown", "countdown", hub.load_countdown, "Countdown 3-4 numbers (paper A, Qiu et al.)"),
-    "math": TaskSpec("math", "math", hub.load_math, "MATH: 40/level train, MATH-500 test (paper A)"),
-    "boolq": TaskSpec("boolq", "yesno", hub.load_boolq, "BoolQ yes/no reading comprehension (paper A)"),
+                           "DeepScaleR-Preview maths, train only (paper B, hard)", splits=("train",),
+                           prompt_fields=hub.DEEPSCALER_FIELDS),
+    "countdown": TaskSpec("countdown", "countdown", hub.load_countdown, "Countdown 3-4 numbers (paper A, Qiu et al.)",
+                          prompt_fields=hub.COUNTDOWN_FIELDS),
+    "math": TaskSpec("math", "math", hub.load_math, "MATH: 40/level train, MATH-500 test (paper A)",
+                     prompt_fields=hub.MATH_FIELDS, selections=hub.MATH_SELECTIONS),
+    "boolq": TaskSpec("boolq", "yesno", hub.load_boolq, "BoolQ yes/no reading comprehension (paper A)",
+                      prompt_fields=hub.BOOLQ_FIELDS),
     "chemistry": TaskSpec("chemistry", "choice", hub.load_chemistry,
-                          "SciKnowEval v2 chemistry 4-choice MCQ (paper A)"),
+                          "SciKnowEval v2 chemistry 4-choice MCQ (paper A)", prompt_fields=hub.CHEMISTRY_FIELDS),
 }
 
 # The embedded default's miniatures of paper A's four kinds, generated offline (esgrpo.tasks.offline).
