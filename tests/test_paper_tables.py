@@ -497,12 +497,33 @@ def test_interpolation_has_a_panel_per_trained_task_and_path(monkeypatch, synthe
 
 
 def test_entropy_curves_name_what_an_estimated_entropy_is():
-    from esgrpo.report.figures import entropy_labels
+    from esgrpo.report.frames import entropy_labels
 
     curves = pd.DataFrame({"method": ["ES", "ES", "GRPO"],
                            "entropy_estimator": ["exact", "top20_lumped_lower_bound", np.nan]})
     assert entropy_labels(curves).tolist() == ["ES", "ES (top20 lumped lower bound)", "GRPO"]
     assert entropy_labels(curves.drop(columns="entropy_estimator")).tolist() == ["ES", "ES", "GRPO"]
+
+
+def test_entropy_table_keeps_an_estimated_entropy_apart_from_exact_ones(synthetic):
+    """b_entropy: an ES run whose entropy is a vLLM bound gets its own, labelled method, never pooled
+    with exact values; with exact entropies only, the methods are the plain ones."""
+    from esgrpo.report.paper_b import build_b_entropy
+
+    root, _ = synthetic
+    inputs = planning.paper_inputs(CONFIG, "b_entropy", [], results=str(root / "results"))
+    data = loading.StageInputs(inputs, planning.paper_setup(CONFIG))
+    exact = build_b_entropy(data)
+    assert set(exact["method"]) <= {"base", "ES", "GRPO"} and {"ES", "GRPO"} <= set(exact["method"])
+
+    metrics = data.metrics.copy()
+    es_runs = sorted(metrics.loc[metrics["kind"] == "es", "run"].unique())  # a main ES run
+    metrics["entropy_estimator"] = np.where(metrics["run"] == es_runs[0], "top20_lumped_lower_bound", "exact")
+    data.__dict__["metrics"] = metrics
+    mixed = build_b_entropy(data)
+    train = mixed[mixed["metric"].str.startswith("train entropy")]
+    assert "ES (top20 lumped lower bound)" in set(train["method"])
+    assert {"GRPO"} <= set(train["method"])
 
 
 # --------------------------------------------------------------------------- the workflow

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from esgrpo.report.frames import drift_norms, js_gain_frame, theory_ratios
+from esgrpo.report.frames import drift_norms, entropy_labels, js_gain_frame, theory_ratios
 from esgrpo.report.loading import StageInputs, cached_pass_at_k, run_labels
 from esgrpo.report.paper_a import build_a_sequential
 from esgrpo.report.planning import METHOD_ORDER, ZSCORE_ONE_SIDED
@@ -178,14 +178,6 @@ def _curve_figure(output: dict, metrics: pd.DataFrame, y: str, xs: Sequence[str]
         shared_legend(fig, axes, hue)
 
     draw_figure(output, draw, len(xs), max(1, len(panels)), size=(3.8, 2.9))
-
-
-def entropy_labels(curves: pd.DataFrame) -> pd.Series:
-    """Each row's method, with what its entropy is when not the exact one (the vLLM ES backend logs an
-    estimate or a bound: `esgrpo.vllm_engine.entropy_estimator`), so no line passes one off as the other."""
-    kinds = curves["entropy_estimator"] if "entropy_estimator" in curves else pd.Series("exact", index=curves.index)
-    return pd.Series([m if pd.isna(k) or k == "exact" else f"{m} ({str(k).replace('_', ' ')})"
-                      for m, k in zip(curves["method"], kinds, strict=True)], index=curves.index)
 
 
 def figure_entropy_curves(data: StageInputs, output: dict) -> None:

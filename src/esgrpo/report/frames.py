@@ -140,6 +140,14 @@ def entropy_change(metrics: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def entropy_labels(curves: pd.DataFrame) -> pd.Series:
+    """Each row's method, with what its entropy is when not the exact one (the vLLM ES backend logs an
+    estimate or a bound: `esgrpo.vllm_engine.entropy_estimator`), so no line passes one off as the other."""
+    kinds = curves["entropy_estimator"] if "entropy_estimator" in curves else pd.Series("exact", index=curves.index)
+    return pd.Series([m if pd.isna(k) or k == "exact" else f"{m} ({str(k).replace('_', ' ')})"
+                      for m, k in zip(curves["method"], kinds, strict=True)], index=curves.index)
+
+
 def theory_ratios(theory: pd.DataFrame) -> pd.DataFrame:
     """Per ES run: slope of sq_distance vs updates divided by the slope of theory_sq vs updates (both
     least-squares lines of :func:`esgrpo.analysis.theory.fit_sq_norm_vs_t`), and ``applies`` = the run

@@ -13,6 +13,7 @@ from esgrpo.report.frames import (
     ablation_sets,
     drift_norms,
     entropy_change,
+    entropy_labels,
     population_of_variant,
     population_rewards,
     sparsity_frame,
@@ -93,8 +94,10 @@ CAPTIONS = {
     "b_entropy": ("Paper B: entropy over training (mean token entropy of the training rollouts, metrics.jsonl): "
                   "first vs last 10% of steps and the relative change per run (95% CI over seeds and steps / runs); "
                   "budget=rollouts / generated_tokens: entropy at matched budgets; and the test-time sampling "
-                  "entropy per token of the final checkpoints vs base (CI over seeds and prompts). Paper B: GRPO "
-                  "collapses, ES stays stable."),
+                  "entropy per token of the final checkpoints vs base (CI over seeds and prompts). Exact entropy "
+                  "unless the method is labelled with its estimator (vLLM: sampled-token NLL at T=1, else a top-k "
+                  "lumped lower bound; esgrpo.vllm_engine.entropy_estimator). Paper B: GRPO collapses, ES stays "
+                  "stable."),
 }
 
 
@@ -410,9 +413,12 @@ def _entropy_change_rows(curves: pd.DataFrame, changes: pd.DataFrame) -> list[di
 def build_b_entropy(data: StageInputs) -> pd.DataFrame:
     curves = data.metrics
     curves = curves[curves["variant"].isin(main_variants(curves))] if not curves.empty else curves
+    # A method whose entropy is an estimate or a bound (the vLLM backend) gets its own column, labelled.
+    curves = curves.assign(method=entropy_labels(curves)) if not curves.empty else curves
     changes = entropy_change(curves) if not curves.empty else pd.DataFrame()
     rows = _entropy_change_rows(curves, changes) if not changes.empty else []
     test = data.on_task({"base", "es", "grpo"})
+    test = test.assign(method=entropy_labels(test)) if not test.empty else test
     for (model, task, method), g in test.groupby(["model", "task", "method"], sort=True):
         rows.append(stat({"model": model, "task": task, "method": method, "budget": "iterations"},
                          ci_prompts(g, "entropy"), metric="test sampling entropy (per token)",
