@@ -24,6 +24,19 @@ include: "rules/analysis.smk"
 include: "rules/tables.smk"
 include: "rules/paper.smk"
 include: "rules/plan.smk"
+include: "rules/heldout.smk"
+
+
+onstart:
+    start_job_server()
+
+
+onsuccess:
+    stop_job_server()
+
+
+onerror:
+    stop_job_server()
 
 
 rule all:

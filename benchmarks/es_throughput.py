@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from esgrpo.fingerprint import matmul_gflops  # noqa: E402
 from esgrpo.population import population_generate, sequential_generate  # noqa: E402
 
 
@@ -100,15 +101,7 @@ def model_flops(model: torch.nn.Module, mask: torch.Tensor, n: int, new: int) ->
 
 
 def matmul_flops(seconds: float = 1.0) -> float:
-    a, b = torch.randn(2048, 2048), torch.randn(2048, 2048)
-    for _ in range(2):
-        torch.mm(a, b)
-    best, end = float("inf"), time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * 2048**3 / best
+    return matmul_gflops(size=2048, seconds=seconds) * 1e9
 
 
 def best_of(fn, repeats: int) -> tuple[float, float, object]:

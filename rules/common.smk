@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 from esgrpo.analysis.settings import analysis_config, analysis_eval_settings
-from esgrpo.config import check_config, judged_on, model_eval_tasks, software_env, task_splits
+from esgrpo import heldout_bench
+from esgrpo.config import check_config, judged_on, model_eval_tasks, model_warmup_tasks, software_env, task_splits
 from esgrpo.plan import Planner, PlanSettings, plan_row, total_gpu_hours
 from esgrpo.report import planning as paper_planning
 from esgrpo.runs import (
@@ -114,6 +115,15 @@ def used_splits(wildcards):
 def train_data(wildcards):
     """Train rows and info of every training task of the model."""
     return task_files(train_tasks(wildcards), split="train")
+
+
+def warmup_tasks(wildcards):
+    """The tasks the default model is warmed up on: its training tasks and its held-out eval tasks."""
+    return model_warmup_tasks(config, wildcards.model)
+
+
+def warmup_data(wildcards):
+    return task_files(warmup_tasks(wildcards), split="train")
 
 
 def eval_data(wildcards):
@@ -267,8 +277,8 @@ def analysis_targets(model):
                 out += [f"{a}/theory/{t}/{r}.csv", f"{a}/theory/{t}/{r}.json"]
     if "sparsity" in wanted:
         out += [f"{a}/sparsity/{t}/{r}.csv" for t, r in main]
-    if "kl" in wanted:
-        out += [f"{a}/kl/{t}/{r}.csv" for t, r in main]
+    if "kl" in wanted:  # main runs and the continual stages (paper A's heatmap covers the sequence)
+        out += [f"{a}/kl/{t}/{r}.csv" for t, r in runs if (t, r) in main or r.startswith("cl_")]
     for t in model_tasks(model):
         for s in analysis_pair_seeds():
             if "cosine" in wanted:
@@ -420,6 +430,7 @@ PAPER_TABLES = {
     **{name: "Paper A" for name in paper_planning.PAPER_A_TABLES},
     **{name: "Paper B" for name in paper_planning.PAPER_B_TABLES},
     "claims": "Claims",
+    "claims_stability": "Claims",
 }
 PAPER_FIGURES = {
     **{name: "Paper A" for name in paper_planning.PAPER_A_FIGURES},
@@ -461,8 +472,8 @@ def paper_b_targets():
 
 
 def paper_targets():
-    """Every paper table (CSV, Markdown, LaTeX), figure (PNG, PDF) and the claims table."""
-    return [*paper_a_targets(), *paper_b_targets(), *table_targets("claims")]
+    """Every paper table (CSV, Markdown, LaTeX), figure (PNG, PDF), the claims table and its verdict stability."""
+    return [*paper_a_targets(), *paper_b_targets(), *table_targets("claims"), *table_targets("claims_stability")]
 
 
 def run_eval_targets(model=None):
@@ -470,7 +481,48 @@ def run_eval_targets(model=None):
     return [f"{run_dir(m, t, r)}/eval.json" for m in models for t, r in planned_runs(config, m)]
 
 
+def base_fingerprint_targets():
+    """The fingerprint of every offline default base (rule base_fingerprint)."""
+    return [f"{RESULTS}/{m}/base/fingerprint.json" for m, spec in config["models"].items() if spec["source"] == "default"]
+
+
+# Held-out benchmarks through lm-eval (rules/heldout.smk; esgrpo.heldout_bench).
+HELDOUT_BENCHMARKS = heldout_bench.benchmark_names(config)
+HELDOUT_RUNTIME = int(heldout_bench.heldout_block(config).get("runtime", 240))
+
+
+def heldout_settings(wildcards):
+    return heldout_bench.benchmark_settings(config, wildcards.bench)
+
+
+def heldout_targets():
+    """Every held-out benchmark summary (heldout_benchmarks: base and final continual stages)."""
+    return heldout_bench.heldout_files(config, RESULTS)
+
+
 def all_targets():
     """Every evaluation, analysis, table and figure."""
-    targets = [*table_targets("base_passk"), *figure_targets("base_passk"), *run_eval_targets()]
+    targets = [*table_targets("base_passk"), *figure_targets("base_passk"), *run_eval_targets(),
+               *base_fingerprint_targets(), *heldout_targets()]
     return [*targets, *ALL_ANALYSIS_TARGETS, *paper_targets()]
+
+
+# --- the local job server ----------------------------------------------------------------------
+# A local CPU run forks its jobs from one interpreter that has torch, transformers and TRL imported
+# (esgrpo.job_server: ~4-5 s of imports saved per job, results unchanged). SLURM jobs, GPU configs
+# and conda-deployed jobs run their stage in their own process, as does every job with
+# ESGRPO_NO_JOB_SERVER=1.
+
+JOB_SERVERS = []
+
+
+def start_job_server():
+    from esgrpo import job_server
+
+    if workflow.local_exec and software_env(config) == "cpu" and job_server.enabled():
+        JOB_SERVERS.append(job_server.start(f"{RESULTS}/logs/job_server.log"))
+
+
+def stop_job_server():
+    while JOB_SERVERS:
+        JOB_SERVERS.pop().stop()

@@ -4,12 +4,13 @@
 
 rule build_default_model:
     input:
-        unpack(train_data),
+        unpack(warmup_data),
     output:
         model=directory(f"{RESULTS}/{{model}}/base/model"),
         info=f"{RESULTS}/{{model}}/base/build.json",
     params:
-        tasks=train_tasks,
+        tasks=warmup_tasks,
+        train_tasks=train_tasks,
         seed=config["seed"],
         vocab_size=config["default_model"]["vocab_size"],
         architecture=config["default_model"]["architecture"],
@@ -26,6 +27,32 @@ rule build_default_model:
         SOFTWARE_ENV
     script:
         "../workflow_scripts/build_default_model.py"
+
+
+# The numbers that tell a user whether their default base matches ours (README, "Is my default base the
+# same as yours?"): warm-up record, weights hash, greedy and Pass@k per task with CIs, against
+# docs/base_reference.json.
+
+
+rule base_fingerprint:
+    input:
+        model=f"{RESULTS}/{{model}}/base/model",
+        build=f"{RESULTS}/{{model}}/base/build.json",
+        eval=f"{RESULTS}/{{model}}/base/eval.json",
+        prompts=f"{RESULTS}/{{model}}/base/eval_prompts.jsonl",
+        reference=str(Path(workflow.basedir) / "docs" / "base_reference.json"),
+    output:
+        fingerprint=f"{RESULTS}/{{model}}/base/fingerprint.json",
+    log:
+        f"{RESULTS}/logs/{{model}}/base_fingerprint.log",
+    threads: 1
+    resources:
+        mem_mb=1000,
+        runtime=10,
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../workflow_scripts/base_fingerprint.py"
 
 
 # A model shipped as a GGUF file (`models.<name>.gguf_file`, e.g. SmolLM2-135M-Instruct from the

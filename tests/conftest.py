@@ -22,8 +22,9 @@ def pytest_configure(config):
 
 
 def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = None, dryrun: bool = False,
-                 cores: int = 2) -> None:
-    """Run (or dry-run) the workflow in `workdir` through the Snakemake API."""
+                 cores: int = 2, forcerun: list[str] | None = None) -> None:
+    """Run (or dry-run) the workflow in `workdir` through the Snakemake API; `forcerun` files are remade
+    (with everything downstream of them)."""
     from snakemake.api import SnakemakeApi
     from snakemake.scheduling.greedy import SchedulerSettings as GreedySchedulerSettings
     from snakemake.settings.types import (
@@ -42,7 +43,7 @@ def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = No
             snakefile=REPO / "Snakefile",
             workdir=workdir,
         )
-        dag = workflow.dag(DAGSettings(targets=frozenset(targets or [])))
+        dag = workflow.dag(DAGSettings(targets=frozenset(targets or []), forcerun=frozenset(forcerun or [])))
         # greedy, as profiles/default sets: the ILP scheduler's solver costs CPU the jobs need
         dag.execute_workflow(executor="dryrun" if dryrun else "local",
                              execution_settings=ExecutionSettings(),

@@ -122,9 +122,16 @@ def test_planned_runs_cover_the_grid_and_match_the_wildcard(config):
         assert (task, "es-n16-s0") in runs and (task, "grpo-g8-s0") in runs
     assert ("countdown3", "es-n16-norm_none-s0") in runs and ("countdown3", "es-n16-anti-s0") in runs
     assert ("countdown3", "es-then-grpo-s0") in runs
-    # stage 1 of each continual sequence is the main run, not trained again
-    assert sum(run.startswith("cl_") for _, run in runs) == 2 * (len(config["sequential"]["continual"]) - 1)
+    # stage 1 of each continual sequence is the main run, not trained again; every seed has its sequence
+    seeds = config["es"]["seeds"]
+    assert config["grpo"]["seeds"] == seeds and len(seeds) == 3
+    assert sum(run.startswith("cl_") for _, run in runs) == 2 * (len(config["sequential"]["continual"]) - 1) * 3
     assert not any(run.endswith("-k1") for _, run in runs)
+    for seed in seeds:  # main, sequential and continual runs on every seed; ablations on es.ablations.seeds
+        assert ("countdown3", f"grpo-then-es-s{seed}") in runs and ("leg_count", f"cl_es-s{seed}-k2") in runs
+    assert config["es"]["ablations"]["seeds"] == [0]
+    assert not any(run.startswith(("es-n4-", "es-n32-", "es-n16-norm", "es-n16-anti")) and not run.endswith("-s0")
+                   for _, run in runs)
     for task, run in runs:
         assert re.fullmatch(RUN_PATTERN, run), run
         run_spec(config, task, run)

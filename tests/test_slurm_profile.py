@@ -287,16 +287,17 @@ def test_run_stage_holds_the_jobs_gpu_slots(tmp_path, monkeypatch):
     monkeypatch.setenv(SLOTS_ENV, "5,6")
     monkeypatch.setenv("ESGRPO_GPU_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    seen = []
-
-    def stage(input, output, params, wildcards, threads):
-        seen.append(os.environ.get("CUDA_VISIBLE_DEVICES"))
+    (tmp_path / "gpu_stage.py").write_text(
+        "import os\nseen = []\n\ndef stage(input, output, params, wildcards, threads):\n"
+        "    seen.append(os.environ.get('CUDA_VISIBLE_DEVICES'))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import gpu_stage
 
     for gpu in (2, 0):
         smk = SimpleNamespace(input=Named(), output=Named(), params=Named(), wildcards=Named(), threads=1,
                               log=[str(tmp_path / f"stage{gpu}.log")], resources=Named(gpu=gpu))
-        run_stage(smk, stage)
-    assert seen == ["5,6", None]
+        run_stage(smk, "gpu_stage:stage")
+    assert gpu_stage.seen == ["5,6", None]
     assert "CUDA_VISIBLE_DEVICES=5,6" in (tmp_path / "stage2.log").read_text()
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
 
@@ -316,17 +317,15 @@ class Named(dict):  # Snakemake's namedlists: a missing name is an AttributeErro
         except KeyError:
             raise AttributeError(key) from None
 
-def stage(input, output, params, wildcards, threads):
-    assert "torch" not in sys.modules
-    import torch
-    print("threads", torch.get_num_threads())
-
 smk = SimpleNamespace(input=Named(), output=Named(), params=Named(), wildcards=Named(), threads=1,
                       log=[{str(tmp_path / "stage.log")!r}], resources=Named())
-run_stage(smk, stage)
+run_stage(smk, "no_torch_stage:stage")
 """
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env["PYTHONPATH"] = str(REPO / "src")
+    (tmp_path / "no_torch_stage.py").write_text(
+        "import sys\n\ndef stage(input, output, params, wildcards, threads):\n"
+        "    assert 'torch' not in sys.modules\n    import torch\n    print('threads', torch.get_num_threads())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "ESGRPO_JOB_SERVER")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), str(tmp_path)])
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "threads 1" in (tmp_path / "stage.log").read_text()

@@ -231,3 +231,48 @@ def test_every_analysis_table_and_figure_is_made(ci_workflow):
     # continual stage 1 (the main run) reaches the sequential table under its continual name
     sequential = pd.read_csv(ci_workflow / "tables" / "a_sequential.csv")
     assert 1 in set(sequential["stage"])
+
+
+# wall-clock fields of a training curve's rows (esgrpo.es, esgrpo.grpo): the only bytes a rerun may change
+WALL_CLOCK = ("seconds", "seconds_step")
+
+
+def test_an_identical_rerun_gives_byte_identical_tables(ci_workflow, tmp_path):
+    """Issue 14: the same config and seeds twice on one machine give byte-identical tables. A copy of the CI
+    results retrains the main ES and GRPO runs of sum_yesno from scratch (their progress folders removed, so
+    neither resumes its last checkpoint) and remakes everything downstream of them: evaluations, analyses and
+    every table (25 jobs). Tables record no provenance (report.writing: numbers and captions only), so every
+    byte must match; so must the retrained weights, the evaluations and the training curves less their
+    WALL_CLOCK fields. Measured on CPU with one thread per job (conftest); other thread counts can change
+    float reductions and are not covered."""
+    import shutil
+    import time
+
+    workdir = tmp_path / "rerun"
+    shutil.copytree(ci_workflow.parent, workdir, symlinks=True)  # copy2: the same mtimes, nothing out of date
+    results = workdir / "results"
+    runs = [Path("tiny/sum_yesno/es-n4-s0"), Path("tiny/sum_yesno/grpo-g4-s0")]
+    for run in runs:
+        shutil.rmtree(results / "progress" / run)
+    tables = sorted(p.name for p in (ci_workflow / "tables").iterdir())
+    started = time.time()
+    run_workflow(workdir, REPO / "configs" / "ci.yaml", targets=[f"results/tables/{name}" for name in tables],
+                 forcerun=[f"results/{run}/summary.json" for run in runs])
+
+    def curve(results_dir: Path, run: Path) -> list[dict]:
+        return [{k: v for k, v in row.items() if k not in WALL_CLOCK}
+                for row in read_jsonl(results_dir / run / "metrics.jsonl")]
+
+    for run in runs:
+        assert (results / run / "summary.json").stat().st_mtime > started, run  # retrained, not kept
+        assert curve(results, run) == curve(ci_workflow, run), run
+        weights = [p.relative_to(ci_workflow) for p in sorted((ci_workflow / run / "model").iterdir())
+                   if not p.name.startswith(".")]
+        for path in [*weights, run / "eval_prompts.jsonl"]:
+            assert (results / path).read_bytes() == (ci_workflow / path).read_bytes(), path
+    assert sorted(p.name for p in (results / "tables").iterdir()) == tables
+    differ = [name for name in tables
+              if (results / "tables" / name).read_bytes() != (ci_workflow / "tables" / name).read_bytes()]
+    assert not differ, differ
+    remade = [name for name in tables if (results / "tables" / name).stat().st_mtime > started]
+    assert "claims.csv" in remade and "b_passk.csv" in remade, remade

@@ -1,6 +1,5 @@
 # Thin entry point: all logic lives in esgrpo.pipeline.theory.theory_stage.
-from esgrpo.pipeline.theory import theory_stage
 from esgrpo.workflow import run_stage
 
 if __name__ == "__main__":  # vLLM's worker processes re-import this file (spawn): only run here
-    run_stage(snakemake, theory_stage)  # noqa: F821
+    run_stage(snakemake, "esgrpo.pipeline.theory:theory_stage")  # noqa: F821

@@ -76,6 +76,9 @@ def _check_model(config: dict, model: str, spec: dict) -> None:
                           f"evaluate on them or on a task the model does not train on")
     if spec["source"] == "default" and "default_model" not in config:
         raise ConfigError(f"models.{model}.source is 'default' but there is no default_model block")
+    no_train = [t for t in model_warmup_tasks(config, model) if "train" not in get_task(t).splits]
+    if spec["source"] == "default" and no_train:
+        raise ConfigError(f"models.{model}.eval_tasks: {no_train} have no train split for the default model's warm-up")
 
 
 def _check_trainers(config: dict) -> None:
@@ -162,6 +165,12 @@ def model_eval_tasks(config: dict, model: str) -> list[str]:
     return list(spec.get("eval_tasks") or spec["tasks"])
 
 
+def model_warmup_tasks(config: dict, model: str) -> list[str]:
+    """The tasks the offline default model is warmed up on: its training tasks, then its other eval
+    tasks. A held-out task is then a skill the base has and no run trains, so forgetting is measurable."""
+    return list(dict.fromkeys([*config["models"][model]["tasks"], *model_eval_tasks(config, model)]))
+
+
 def judged_on(config: dict, model: str, train_task: str) -> list[str]:
     """The evaluation tasks that measure training on `train_task` (the 'on-task' accuracy): the task
     itself when it is evaluated, else the eval tasks the model does not train on (DeepScaleR ->
@@ -177,7 +186,7 @@ def task_splits(config: dict, task: str) -> list[str]:
     it (a task no model uses: every split its source has)."""
     splits = set()
     for model, spec in config["models"].items():
-        if task in spec["tasks"]:
+        if task in spec["tasks"] or (spec["source"] == "default" and task in model_warmup_tasks(config, model)):
             splits.add("train")
         if task in model_eval_tasks(config, model):
             splits.add("test")

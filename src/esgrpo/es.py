@@ -33,9 +33,16 @@ from typing import Any
 import numpy as np
 
 from esgrpo.checkpoint import ProgressFolder, fingerprint
-from esgrpo.es_backend import BackendStart, ESBackend
+from esgrpo.es_backend import BackendStart, ESBackend, FitnessResult
 from esgrpo.es_config import ESConfig
-from esgrpo.es_ops import all_equal, member_seeds, normalize_fitness, prompt_batch, rollout_seed
+from esgrpo.es_ops import (
+    all_equal,
+    js_rollout_seed,
+    member_seeds,
+    normalize_fitness,
+    prompt_batch,
+    rollout_seed,
+)
 from esgrpo.io import read_json, write_json, write_jsonl
 from esgrpo.metrics import population_js_diversity
 
@@ -180,6 +187,7 @@ def _iteration(backend: ESBackend, rows: list[Row], cfg: ESConfig, t: int, total
     fitness = np.asarray(result.fitness, dtype=np.float64).ravel()
     if fitness.size != n or not np.all(np.isfinite(fitness)):
         raise ValueError(f"iteration {t}: the backend returned fitness {fitness} for N={n} members")
+    js_diversity = _js_diversity(backend, seeds_signs, batch, cfg, t, result)
     skipped = all_equal(fitness)
     update_norm = 0.0
     if not skipped:
@@ -206,10 +214,34 @@ def _iteration(backend: ESBackend, rows: list[Row], cfg: ESConfig, t: int, total
         "seconds": totals["seconds"],
         "entropy": float(result.entropy),
         "entropy_estimator": result.entropy_estimator,  # exact, or the vLLM backend's estimate / bound
-        "js_diversity": population_js_diversity(result.success) if result.success is not None else math.nan,
+        "js_diversity": js_diversity,
         "skipped": skipped,
         "prompts": len(batch),
     }
+
+
+def _js_diversity(backend: ESBackend, seeds_signs: list[tuple[int, float]], batch: list[Row], cfg: ESConfig,
+                  t: int, result: FitnessResult) -> float:
+    """Paper B's verifier-projected JS diversity of iteration t's population (`ESConfig.js_samples`).
+
+    Greedy fitness (or js_samples 1): from the fitness rollouts' success flags. Sampled: every
+    `js_every` iterations, the backend scores the same members on the batch repeated js_samples - 1
+    times, drawn from `js_rollout_seed`; member m's success rate on prompt q over its js_samples
+    rollouts is its p_mq. NaN when the backend reports no success flags or on an unmeasured iteration.
+    """
+    if result.success is None:
+        return math.nan
+    success = np.asarray(result.success, dtype=np.float64)
+    if cfg.fitness_temperature <= 0 or cfg.js_samples == 1:
+        return population_js_diversity(success)
+    if (t + 1) % cfg.js_every:
+        return math.nan
+    extra = backend.evaluate(seeds_signs, batch * (cfg.js_samples - 1), cfg, js_rollout_seed(cfg.seed, t))
+    if extra.success is None:
+        return math.nan
+    n, b = success.shape
+    samples = np.concatenate([success, np.asarray(extra.success, dtype=np.float64)], axis=1)  # [N, K*B], k-major
+    return population_js_diversity(samples.reshape(n, cfg.js_samples, b).mean(axis=1))
 
 
 def _after_iteration(backend: ESBackend, progress: ProgressFolder, cfg: ESConfig, run: _Run, out_dir: Path,

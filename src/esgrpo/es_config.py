@@ -29,7 +29,7 @@ class ESConfig(SettingsDataclass):
     LABEL = "ES"
     # Settings that do not change the trajectory: a run may be resumed with more iterations, other
     # checkpoint and log intervals, or more snapshots.
-    NOT_FINGERPRINTED = ("iterations", "checkpoint_every", "log_every", "snapshots")
+    NOT_FINGERPRINTED = ("iterations", "checkpoint_every", "log_every", "snapshots", "js_samples", "js_every")
 
     population_size: int = field(default=32, metadata={
         "help": "N, the members per iteration (antithetic: N/2 noise draws, each used with + and -)."})
@@ -61,6 +61,23 @@ class ESConfig(SettingsDataclass):
         "help": "Sampling temperature of the fitness rollouts; 0 is greedy."})
     fitness_top_p: float = field(default=1.0, metadata={
         "help": "Nucleus (top-p) mass of sampled fitness rollouts (ignored when greedy)."})
+    # Paper B's population diversity (docs/references.md): member m's success probability p_mq on prompt
+    # q, the generalised JS divergence of the members' Bernoulli(p_mq), averaged over prompts
+    # (`esgrpo.metrics.population_js_diversity`). Greedy fitness makes p_mq the 0/1 outcome of the one
+    # fitness rollout, exactly. Sampled, one rollout is a 0/1 draw whose JS is the entropy of the batch's
+    # success rate even among identical members, so p_mq is estimated from js_samples rollouts: the
+    # fitness one and js_samples - 1 more, drawn from a seed of their own (the trajectory is the same
+    # for every value), every js_every iterations. The plug-in estimate still reads high by about the
+    # binary entropy's small-sample bias (identical members at p = 0.5: 0.15 nats with 4 samples,
+    # ln 2 = 0.69 with 1).
+    js_samples: int = field(default=4, metadata={
+        "help": "Sampled rollouts per member and prompt behind the population's JS diversity when fitness is "
+                "sampled (fitness_temperature > 0): the fitness rollout and js_samples - 1 more, not counted "
+                "in the run's rollouts. 1: the fitness rollout alone (a 0/1 proxy). Ignored when greedy."})
+    js_every: int = field(default=10, metadata={
+        "help": "Iterations between JS diversity measurements when fitness is sampled and js_samples > 1 "
+                "(the extra rollouts cost (js_samples - 1) / js_every of the fitness rollouts); other rows "
+                "log NaN. Greedy fitness measures it every iteration, at no extra cost."})
     max_new_tokens: int = field(default=64, metadata={
         "help": "Completion budget of one fitness rollout, in tokens."})
     reward_scheme: str = field(default="binary", metadata={
@@ -98,6 +115,8 @@ class ESConfig(SettingsDataclass):
             raise check.error("population_size", "must be even when antithetic is true (members come in +/- pairs)")
         check.number("fitness_temperature", 0.0)  # 0 = greedy
         check.number("fitness_top_p", 0.0, 1.0, low_open=True)
+        check.integer("js_samples", 1)
+        check.integer("js_every", 1)
         check.integer("max_new_tokens", 1)
         check.choice("reward_scheme", SCHEMES)
         check.number("format_bonus")

@@ -34,6 +34,7 @@ __all__ = [
     "all_equal",
     "apply_update",
     "iter_population",
+    "js_rollout_seed",
     "l2_norm",
     "member_seeds",
     "member_weights",
@@ -53,8 +54,9 @@ SeedSign = tuple[int, float]
 
 # --------------------------------------------------------------------------- seeds
 
-# Stream tags keep the draws of one iteration apart: member seeds, prompt choice, rollouts.
-_STREAM_MEMBERS, _STREAM_PROMPTS, _STREAM_ROLLOUT = 0, 1, 2
+# Stream tags keep the draws of one iteration apart: member seeds, prompt choice, rollouts, the JS
+# diversity's extra rollouts.
+_STREAM_MEMBERS, _STREAM_PROMPTS, _STREAM_ROLLOUT, _STREAM_JS = 0, 1, 2, 3
 _MASK63 = (1 << 63) - 1
 
 
@@ -92,6 +94,11 @@ def member_seeds(run_seed: int, iteration: int, n: int, antithetic: bool) -> lis
 def rollout_seed(run_seed: int, iteration: int) -> int:
     """The seed of iteration `iteration`'s sampled fitness rollouts (a resumed run draws them again)."""
     return _mix(run_seed, iteration, _STREAM_ROLLOUT)
+
+
+def js_rollout_seed(run_seed: int, iteration: int) -> int:
+    """The seed of iteration `iteration`'s extra sampled rollouts for the JS diversity (`ESConfig.js_samples`)."""
+    return _mix(run_seed, iteration, _STREAM_JS)
 
 
 def prompt_batch(rows: Sequence[dict], cfg: ESConfig, iteration: int) -> list[dict]:

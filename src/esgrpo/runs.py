@@ -237,7 +237,7 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
             runs += [(task, es_name(n, s)) for n in es["population_sizes"] for s in es["seeds"]]
         ablation = es.get("ablations") or {}
         if ablation.get("task") in tasks:
-            task, seeds = ablation["task"], es["seeds"]
+            task, seeds = ablation["task"], ablation.get("seeds", es["seeds"])
             runs += [(task, es_name(n, s)) for n in ablation.get("population_sizes", []) for s in seeds]
             runs += [(task, es_name(es["population_sizes"][0], s, normalization=norm))
                      for norm in ablation.get("normalization", []) for s in seeds]

@@ -1,16 +1,20 @@
 """The bridge from a Snakemake `script:` to a stage function: logs, threads, plain arguments.
 
-Rules stay thin: each workflow script is two lines that call `run_stage(snakemake, fn)`.
+Rules stay thin: each workflow script is two lines that call
+``run_stage(snakemake, "esgrpo.pipeline.x:stage")``. The stage is named, not imported, by the
+script, so that a local run can hand the call to its warm job server (esgrpo.job_server), which
+has torch and transformers imported already; elsewhere (SLURM, GPU configs) the call runs here.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from dataclasses import dataclass
 
 
 def _plain(value):
@@ -24,37 +28,74 @@ def _plain(value):
     return value
 
 
-def run_stage(smk, stage: Callable[..., object]) -> None:
-    """Call `stage(input=..., output=..., params=..., wildcards=..., threads=...)` with the log file open,
-    holding the job's `gpu` resource as GPU slots (esgrpo.gpu_slots; a no-op without ESGRPO_GPU_SLOTS)."""
-    from esgrpo.gpu_slots import gpu_slots
+@dataclass(frozen=True)
+class StageCall:
+    """One job's stage call in plain data: what `run_stage` runs here or in a job-server child."""
 
-    threads = int(smk.threads or 1)
-    # More torch threads than cores is the biggest CPU trap here (docs/references.md): one per job. Stages
-    # that need no torch (tables, figures, the ES norm theory) must not pay its ~4 s import here, so
-    # the setting goes to an already imported torch and, through OMP_NUM_THREADS, to a later one.
-    os.environ["OMP_NUM_THREADS"] = str(threads)
-    if "torch" in sys.modules:
-        sys.modules["torch"].set_num_threads(threads)
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    log_path = smk.log[0] if len(smk.log) else None
-    handle = open(log_path, "w", buffering=1) if log_path else None
-    redirect = (contextlib.redirect_stdout(handle), contextlib.redirect_stderr(handle)) if handle else ()
-    with contextlib.ExitStack() as stack:
-        for r in redirect:
-            stack.enter_context(r)
-        if handle:
-            logging.basicConfig(stream=handle, level=logging.INFO, force=True)
-        devices = stack.enter_context(gpu_slots(int(getattr(smk.resources, "gpu", 0) or 0)))
-        if devices is not None:
-            print(f"GPU slots: CUDA_VISIBLE_DEVICES={','.join(devices)}", flush=True)
-        try:
-            stage(input=dict(smk.input.items()), output=dict(smk.output.items()),
-                  params=_plain(dict(smk.params.items())), wildcards=dict(smk.wildcards.items()),
-                  threads=threads)
-        except Exception:
-            traceback.print_exc()
+    stage: str  # "module:function"
+    kwargs: dict  # input, output, params, wildcards, threads
+    log_path: str | None
+    gpus: int
+
+    @classmethod
+    def from_snakemake(cls, smk, stage: str) -> StageCall:
+        kwargs = {"input": _plain(dict(smk.input.items())), "output": _plain(dict(smk.output.items())),
+                  "params": _plain(dict(smk.params.items())), "wildcards": dict(smk.wildcards.items()),
+                  "threads": int(smk.threads or 1)}
+        return cls(stage, kwargs, smk.log[0] if len(smk.log) else None,
+                   int(getattr(smk.resources, "gpu", 0) or 0))
+
+    def run(self) -> None:
+        """Call the stage with the log file open, holding the job's GPUs as slots (esgrpo.gpu_slots;
+        a no-op without ESGRPO_GPU_SLOTS)."""
+        from esgrpo.gpu_slots import gpu_slots
+
+        threads = self.kwargs["threads"]
+        # More torch threads than cores is the biggest CPU trap here (docs/references.md): one per job.
+        # Stages that need no torch (tables, figures, the ES norm theory) must not pay its import here,
+        # so the setting goes to an already imported torch and, through OMP_NUM_THREADS, to a later one.
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        module, _, name = self.stage.partition(":")
+        stage = getattr(importlib.import_module(module), name)
+        handle = open(self.log_path, "w", buffering=1) if self.log_path else None
+        with contextlib.ExitStack() as stack:
             if handle:
-                handle.flush()
-                print(f"stage {stage.__name__} failed; see {log_path}", file=sys.__stderr__)
-            raise
+                stack.enter_context(handle)
+                stack.enter_context(contextlib.redirect_stdout(handle))
+                stack.enter_context(contextlib.redirect_stderr(handle))
+                logging.basicConfig(stream=handle, level=logging.INFO, force=True)
+            devices = stack.enter_context(gpu_slots(self.gpus))
+            if devices is not None:
+                print(f"GPU slots: CUDA_VISIBLE_DEVICES={','.join(devices)}", flush=True)
+            try:
+                stage(**self.kwargs)
+            except Exception:
+                traceback.print_exc()
+                raise
+
+
+def run_stage(smk, stage: str) -> None:
+    """Run `stage` ("module:function") with the job's arguments: in a child of this run's job server
+    when there is one on this host (esgrpo.job_server), else in this process."""
+    from esgrpo import job_server
+
+    call = StageCall.from_snakemake(smk, stage)
+    address = job_server.server_address()
+    code = job_server.submit(call, address) if address else None
+    if code is None:
+        code = _run_here(call)
+    if code != 0:
+        where = f"; see {call.log_path}" if call.log_path else ""
+        print(f"stage {stage} failed{where}", file=sys.stderr)
+        sys.exit(code)
+
+
+def _run_here(call: StageCall) -> int:
+    try:
+        call.run()
+    except Exception:
+        return 1
+    return 0

@@ -1,11 +1,13 @@
-"""Stages: build the offline default model (tokenizer + tiny Llama + warm-up), and convert a GGUF model; both saved in HF layout."""
+"""Stages: build the offline default model (tokenizer + tiny Llama + warm-up) and fingerprint it, and convert a
+GGUF model; both models saved in HF layout."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
 
-from esgrpo.io import read_json, write_json
+from esgrpo.fingerprint import base_fingerprint, compare_to_reference
+from esgrpo.io import read_json, read_jsonl, write_json
 from esgrpo.models import TinyLlamaSpec, build_tiny_llama, count_parameters, save_model, train_tokenizer
 from esgrpo.pipeline.data import load_rows
 from esgrpo.provenance import provenance
@@ -25,13 +27,25 @@ def build_default_model(input: dict, output: dict, params: dict, wildcards: dict
     tokenizer = train_tokenizer(texts, vocab_size=int(params["vocab_size"]))
     model = build_tiny_llama(tokenizer, spec, int(params["seed"]))
     started = time.time()
-    history = warm_up(model, tokenizer, train, verifiers, warmup_cfg)
+    # Held-out tasks (eval tasks no run trains) are warmed up too, and may exceed max_accuracy.
+    history = warm_up(model, tokenizer, train, verifiers, warmup_cfg,
+                      headroom_tasks=params.get("train_tasks", tasks))
     save_model(model, tokenizer, output["model"])
     write_json(Path(output["info"]), {
         "parameters": count_parameters(model), "vocab_size": len(tokenizer),
         "warmup": history, "seconds": time.time() - started,
         "provenance": provenance(params, int(params["seed"])),
     })
+
+
+def write_base_fingerprint(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """Stage: the base's fingerprint (esgrpo.fingerprint) from its build and evaluation, set against
+    the reference build in docs/base_reference.json (README: "Is my default base the same as yours?")."""
+    fingerprint = base_fingerprint(input["model"], read_json(input["build"]), read_json(input["eval"]),
+                                   read_jsonl(input["prompts"]))
+    comparison = compare_to_reference(fingerprint, read_json(input["reference"]))
+    print(f"against {input['reference']}: {comparison['verdict']}", *comparison["outside_ci"], sep="\n")
+    write_json(Path(output["fingerprint"]), {**fingerprint, "reference": comparison})
 
 
 # --------------------------------------------------------------------------- GGUF -> HF layout

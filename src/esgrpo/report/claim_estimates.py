@@ -210,7 +210,8 @@ def geometry_claims(data: StageInputs) -> dict[str, dict]:
 
 
 def _off_task_kl_claim(kl: pd.DataFrame) -> dict:
-    """ES - GRPO off-task KL per (model, task, seed) both methods have."""
+    """ES - GRPO off-task KL per (model, task, seed) both main runs have (continual stages aside)."""
+    kl = kl[kl["run_kind"].isin(["es", "grpo"])] if not kl.empty else kl
     if kl.empty or not set(kl["method"]) >= {"ES", "GRPO"}:
         return not_run("no KL analyses for both ES and GRPO")
     off = kl[kl["eval_task"] != kl["task"]]

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from esgrpo.report.frames import drift_norms, entropy_labels, js_gain_frame, theory_ratios
+from esgrpo.report.frames import drift_norms, entropy_labels, js_gain_frame, kl_sequence_label, theory_ratios
 from esgrpo.report.loading import StageInputs, cached_pass_at_k, run_labels
 from esgrpo.report.paper_a import build_a_sequential
 from esgrpo.report.planning import METHOD_ORDER, ZSCORE_ONE_SIDED
@@ -381,7 +381,14 @@ def figure_kl_heatmap(data: StageInputs, output: dict) -> None:
     kl = data.analysis("kl")
     if kl.empty:
         return placeholder(output, "KL heatmap", "no KL analyses")
-    _heatmaps(output, kl, ("model", "method"), "task", "token_mean", "KL(base || model)", "trained on",
+    # single-task runs (rows: the task trained on) and, in panels of their own, the continual stages
+    # (rows: stage k and its task), as paper A's heatmap covers its sequence
+    sequence = kl_sequence_label(kl)
+    continual = sequence != "single task"
+    kl = kl.assign(panel=kl["model"] + np.where(continual, ", continual", ""),
+                   trained=np.where(continual, sequence.str.replace("continual stage ", "stage ") + ": " + kl["task"],
+                                    kl["task"]))
+    _heatmaps(output, kl, ("panel", "method"), "trained", "token_mean", "KL(base || model)", "trained on",
               sort_rows=True, fmt=".3f", cmap="viridis", vmin=0, vmax=float(kl["token_mean"].max()))
 
 

@@ -14,7 +14,7 @@ from esgrpo.analysis.theory import fit_sq_norm_vs_t
 from esgrpo.metrics import barrier_height
 from esgrpo.report.loading import StageInputs, run_labels, variant_of, with_labels
 from esgrpo.report.planning import ES_KINDS, ZSCORE_ONE_SIDED, judged_tasks
-from esgrpo.report.stats import ci_curve, common_ks, stat, tail
+from esgrpo.report.stats import ci_curve, common_ks, stat, tail, window_label
 from esgrpo.runs import parse_run_name
 
 CONTINUAL_KINDS = ("cl_es", "cl_grpo")
@@ -115,7 +115,7 @@ def ablation_sets(prompts: pd.DataFrame, n: int) -> dict[str, pd.DataFrame]:
 
 
 def population_rewards(metrics: pd.DataFrame) -> pd.DataFrame:
-    """Final train reward (mean over the last 10% of iterations) per (model, population) with CIs."""
+    """Final train reward (mean over the last window of iterations, report.stats) per (model, population) with CIs."""
     rows = []
     sweep = metrics[metrics["kind"].isin(["es", "es_pop"])]
     if sweep.empty:
@@ -123,7 +123,7 @@ def population_rewards(metrics: pd.DataFrame) -> pd.DataFrame:
     sweep = sweep.assign(population=sweep["run"].map(lambda r: run_labels(r)["population"]))
     for (model, task, n), g in sweep.groupby(["model", "task", "population"], sort=True):
         rows.append(stat({"model": model, "task": task, "population": int(n)}, ci_curve(tail(g), "fitness_mean"),
-                         iterations=int(g.groupby("run")["iteration"].max().mean()),
+                         window=window_label(tail(g)), iterations=int(g.groupby("run")["iteration"].max().mean()),
                          rollouts=float(g.groupby("run")["rollouts"].max().mean()), n_seeds=g["seed"].nunique()))
     return pd.DataFrame(rows)
 
@@ -225,3 +225,9 @@ def population_of_variant(metrics: pd.DataFrame) -> dict[str, int]:
     """variant -> ES population of the runs in `metrics` (from their names)."""
     return {variant: parse_run_name(run).population for variant, run in zip(metrics["variant"], metrics["run"],
                                                                              strict=True)}
+
+
+def kl_sequence_label(kl: pd.DataFrame) -> pd.Series:
+    """Which training a KL row measures: "single task", or "continual stage k" (paper A's sequence)."""
+    return pd.Series([f"continual stage {parse_run_name(run).stage}" if kind in CONTINUAL_KINDS else "single task"
+                      for run, kind in zip(kl["run"], kl["run_kind"], strict=True)], index=kl.index, dtype=str)

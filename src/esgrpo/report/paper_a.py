@@ -7,7 +7,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from esgrpo.report.frames import barrier_heights, drift_norms, has_continual_stages, stage_frame, theory_norms
+from esgrpo.report.frames import (
+    barrier_heights,
+    drift_norms,
+    has_continual_stages,
+    kl_sequence_label,
+    stage_frame,
+    theory_norms,
+)
 from esgrpo.report.loading import StageInputs, run_labels
 from esgrpo.report.paper_values import PaperValue, paper_notes, paper_value, with_paper_rows
 from esgrpo.report.planning import METHOD_ORDER, RATIO_ORDER, snapshot_method
@@ -23,9 +30,11 @@ CAPTIONS = {
     "a_accuracy": ("Paper A: test greedy accuracy on each task's own test set, base vs ES vs GRPO "
                    "(mean [95% CI] over seeds and prompts). budget=iterations: final checkpoints after the "
                    "configured ES iterations / GRPO steps (ES (K it): the main ES run after K iterations, "
-                   "es.snapshots); budget=rollouts / generated_tokens: train reward "
-                   "(metrics.jsonl fitness_mean; ES: mean over the population) at the last step within the "
-                   "smaller of the two methods' totals."),
+                   "es.snapshots); train reward rows (metrics.jsonl fitness_mean; ES: mean over the population): the mean "
+                   "over a window of logged steps (the last 10%, at least 3; the window column and the cell name "
+                   "it, 95% CI over seeds and the window's steps) ending at the final step (budget=iterations) or, "
+                   "budget=rollouts / generated_tokens, at the last step within the smaller of the two methods' "
+                   "totals."),
     "a_sequential": ("Paper A: continual sequence {sequence}. Test greedy accuracy (mean [95% CI], seeds x prompts) on "
                      "every task (columns) after each stage k (rows; stage 0 = base), per method; forgetting = best "
                      "earlier stage (1..K-1) - final stage, paired per prompt."),
@@ -36,7 +45,9 @@ CAPTIONS = {
                        "the stages' squares)."),
     "a_heldout": ("Paper A: held-out scores before (base) -> after the continual sequence (final stage), per "
                   "method, greedy accuracy and mean@n with 95% CIs (seeds x prompts; the change paired per prompt). "
-                  "held_out = the task is not in the sequence (paper A: MMLU, IFEval). At toy scale, when every "
+                  "held_out = the task is not in the sequence (paper A: MMLU, IFEval). lm-eval rows: the benchmark's "
+                  "headline metric through lm-evaluation-harness, one value per prompt (MMLU acc; IFEval "
+                  "prompt-level strict accuracy; results/*/heldout/*.json has every metric). At toy scale, when every "
                   "task is in the sequence, no task is held out and each row reports a trained task before and "
                   "after the whole sequence."),
     "a_geometry": ("Paper A: update geometry. cosine(dES, dGRPO) over all parameters (and mean |cos| per "
@@ -176,17 +187,26 @@ def build_a_heldout(data: StageInputs) -> pd.DataFrame:
         final = g["stage"].max()
         before, after = g[g["stage"] == 0], g[g["stage"] == final]
         held = eval_task not in order
-        for metric in ("greedy", "mean@n"):
-            keys = {"model": model, "method": method, "eval_task": eval_task, "held_out": held, "metric": metric}
+        for label, metric in _heldout_metrics(g):
+            keys = {"model": model, "method": method, "eval_task": eval_task, "held_out": held, "metric": label}
             rows.append(stat(keys, ci_prompts(before, metric), quantity="before (base)"))
             rows.append(stat(keys, ci_prompts(after, metric), quantity=f"after (stage {final})"))
             rows.append(stat(keys, paired_ci(after, before, metric), quantity="after - before"))
     return with_paper_rows(pd.DataFrame(rows), "metric", lambda row: _reported_heldout(data.setup, row))
 
 
+def _heldout_metrics(rows: pd.DataFrame) -> list[tuple[str, str]]:
+    """(label, column) of one evaluation task's rows: greedy accuracy and mean@n; an lm-eval benchmark
+    (esgrpo.heldout_bench) has one value per prompt, its headline metric, in the greedy column."""
+    benchmark = rows["lm_eval_metric"].dropna() if "lm_eval_metric" in rows else pd.Series(dtype=object)
+    if benchmark.empty:
+        return [("greedy", "greedy"), ("mean@n", "mean@n")]
+    return [(f"lm-eval {benchmark.iloc[0]}", "greedy")]
+
+
 def _reported_heldout(setup: dict, row: pd.Series) -> PaperValue | None:
-    """Paper A's held-out greedy accuracy (MMLU, IFEval) before, after and after - before the sequence."""
-    if row["metric"] != "greedy":
+    """Paper A's held-out scores (MMLU, IFEval) before, after and after - before the sequence."""
+    if row["metric"] == "mean@n":
         return None
     when = row["quantity"].split(" (")[0]  # "before (base)", "after (stage K)", "after - before"
     return paper_value(setup, "a_heldout", row["model"], row["eval_task"], row["method"], when)
@@ -229,12 +249,15 @@ def _barrier_rows(interp: pd.DataFrame) -> list[dict]:
 
 
 def _kl_rows(kl: pd.DataFrame) -> list[dict]:
+    """On-task and off-task KL(base || model) of single-task runs and of every continual stage."""
     rows = []
-    for (model, task, method), g in kl.groupby(["model", "task", "method"], sort=True):
+    kl = kl.assign(sequence=kl_sequence_label(kl))
+    for (model, task, method, sequence), g in kl.groupby(["model", "task", "method", "sequence"], sort=True):
         on, off = g[g["eval_task"] == task], g[g["eval_task"] != task]
-        rows.append(stat({"model": model, "task": task, "quantity": "KL on-task (token mean)",
+        where = "" if sequence == "single task" else f", {sequence}"
+        rows.append(stat({"model": model, "task": task, "quantity": f"KL on-task (token mean{where})",
                           "method": method}, ci_values(on["token_mean"]), n=len(on)))
-        rows.append(stat({"model": model, "task": task, "quantity": "KL off-task (token mean)",
+        rows.append(stat({"model": model, "task": task, "quantity": f"KL off-task (token mean{where})",
                           "method": method}, ci_values(off["token_mean"]), n=len(off)))
     return rows
 

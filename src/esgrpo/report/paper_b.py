@@ -57,7 +57,9 @@ CAPTIONS = {
     "b_passk": ("Paper B: Pass@1 and Pass@k at the two largest evaluated k (paper: 16, 32) on each task's test "
                 "set, unbiased estimator per prompt, mean [95% CI] over seeds and prompts, for base, ES, GRPO, "
                 "ES->GRPO and GRPO->ES (sequential runs on the sequential task only). budget=iterations: final "
-                "checkpoints; budget=rollouts / generated_tokens: train reward at matched budgets (metrics.jsonl)."),
+                "checkpoints; train reward rows (metrics.jsonl): the mean over a window of logged steps (the last "
+                "10%, at least 3; the window column, 95% CI over seeds and the window's steps) ending at the final "
+                "step or, budget=rollouts / generated_tokens, at the matched budget."),
     "b_easy_setting": ("Paper B (easy setting): number of (model, task) cells where the trained model falls below the "
                        "base at Pass@k for the two largest evaluated k (paper: 16 and 32; GRPO below base in 15 of 18). "
                        "n_below counts point estimates (trained - base < 0, paired per prompt); n_significant counts "
@@ -77,7 +79,7 @@ CAPTIONS = {
     "b_ablations": ("Paper B: ES ablations on {ablation_task} at N = {main_n}: fitness "
                     "normalisation (z-score vs rank vs none) and one-sided vs antithetic (two-point) members. Test "
                     "greedy / mean@n (= Pass@1) / Pass@K with 95% CIs over seeds and prompts; final train reward = "
-                    "mean fitness over the last 10% of iterations (CI over seeds and iterations). Contrast rows are "
+                    "mean fitness over the last 10% of iterations, at least 3 (CI over seeds and iterations). Contrast rows are "
                     "paired differences (per prompt; per iteration for the train reward). All settings share N, "
                     "iterations and prompts per iteration, hence rollouts: iterations and rollouts budgets coincide. "
                     "They also share alpha: unless es.settings.unit_rms_weights is true, rank weights are centred "
@@ -87,13 +89,14 @@ CAPTIONS = {
                     "are scaled to sum w^2 = N and only the direction differs. Paper B's public code defines "
                     "only the z-score."),
     "b_population": ("Paper B: population sweep on {ablation_task}. Final train reward (mean fitness over "
-                     "the last 10% of iterations, 95% CI over seeds and iterations) per N at equal iterations; "
+                     "the last 10% of iterations, at least 3, 95% CI over seeds and iterations) per N at equal iterations; "
                      "smallest_sufficient marks the smallest N whose reward is at least the largest N's minus 0.01 "
                      "(paper: N = 16 within 0.01 of N = 64). budget=rollouts rows: each N's reward at the smallest "
-                     "total rollouts of the sweep."),
+                     "total rollouts of the sweep (mean over the window of steps ending there)."),
     "b_entropy": ("Paper B: entropy over training (mean token entropy of the training rollouts, metrics.jsonl): "
-                  "first vs last 10% of steps and the relative change per run (95% CI over seeds and steps / runs); "
-                  "budget=rollouts / generated_tokens: entropy at matched budgets; and the test-time sampling "
+                  "first vs last 10% of steps (at least 3, at most half the run) and the relative change per run (95% CI "
+                  "over seeds and steps / runs); budget=rollouts / generated_tokens: entropy at matched budgets "
+                  "(mean over the window of steps ending there); and the test-time sampling "
                   "entropy per token of the final checkpoints vs base (CI over seeds and prompts). Exact entropy "
                   "unless the method is labelled with its estimator (vLLM: sampled-token NLL at T=1, else a top-k "
                   "lumped lower bound; esgrpo.vllm_engine.entropy_estimator). Paper B: GRPO collapses, ES stays "
@@ -378,7 +381,7 @@ def build_b_population(data: StageInputs) -> pd.DataFrame:
     if "at_step" not in out:
         out["at_step"] = None
     out["at_step"] = out["at_step"].where(out["budget"] == "rollouts", out["iterations"].astype(str))
-    cols = ["model", "task", "budget", "matched_at", "population", "at_step", "total_rollouts", "n_seeds",
+    cols = ["model", "task", "budget", "matched_at", "population", "at_step", "window", "total_rollouts", "n_seeds",
             "smallest_sufficient", "value", "value_lo", "value_hi"]
     out = out.rename(columns={"rollouts": "total_rollouts"})
     return out[cols].sort_values(["model", "budget", "population"], kind="stable").reset_index(drop=True)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from esgrpo.config import judged_on
+from esgrpo.heldout_bench import heldout_files
 from esgrpo.runs import continual_stage_one, parse_run_name, planned_runs
 
 BASE = "base"  # the base model's evaluation folder and the "run" of its rows
@@ -24,9 +25,9 @@ RATIO_ORDER = ["ES", "GRPO", "ES/GRPO"]  # columns of the update-norm tables
 ES_KINDS = {"es", "es_pop", "es_norm", "es_anti"}
 # runs the alpha*sqrt(T d/N) theory is about: z-scored fitness (sum z^2 = N), independent members
 ZSCORE_ONE_SIDED = {"es", "es_pop", "cl_es", "grpo->es"}
-# Per-run analyses computed for every planned run: a stage-1 main run's file also stands for its
-# continual alias. (Sparsity and KL are computed for main runs only and are not aliased.)
-ALIASED_ANALYSES = ("drift", "theory")
+# Per-run analyses computed for main runs and continual stages: a stage-1 main run's file also stands
+# for its continual alias. (Sparsity is computed for main runs only and is not aliased.)
+ALIASED_ANALYSES = ("drift", "theory", "kl")
 
 
 def run_kind(run: str, main_n: int | None, main_g: int | None) -> str:
@@ -108,8 +109,9 @@ NEEDS: dict[str, dict] = {
     "a_accuracy": {"prompts": _TEST_ES_GRPO | {"es_snap"}, "metrics": {"es", "grpo"}},
     "a_sequential": {"prompts": _CONTINUAL},
     "a_update_norms": {"drift": {"cl_es", "cl_grpo", "es", "grpo"}, "theory": {"cl_es", "es"}},
-    "a_heldout": {"prompts": _CONTINUAL},
-    "a_geometry": {"cosine": "all", "interpolation": "all", "kl": {"es", "grpo"}},
+    # "heldout": the lm-eval benchmarks' per-prompt rows (heldout_benchmarks), read as prompts
+    "a_heldout": {"prompts": _CONTINUAL, "heldout": _CONTINUAL},
+    "a_geometry": {"cosine": "all", "interpolation": "all", "kl": {"es", "grpo", "cl_es", "cl_grpo"}},
     "b_passk": {"prompts": _ALL_SINGLE, "metrics": {"es", "grpo"}},
     "b_easy_setting": {"prompts": _TEST_ES_GRPO},
     "b_sequential": {"prompts": _ALL_SINGLE, "where": "sequential"},
@@ -128,7 +130,7 @@ NEEDS: dict[str, dict] = {
     "drift_by_module": {"drift": {"es", "grpo"}},
     "sparsity_curves": {"sparsity": "all", "prompts": {"base"}},
     "interpolation": {"interpolation": "all"},
-    "kl_heatmap": {"kl": {"es", "grpo"}},
+    "kl_heatmap": {"kl": {"es", "grpo", "cl_es", "cl_grpo"}},
     "sequential_matrix": {"prompts": _CONTINUAL},
 }
 PAPER_A_TABLES = ["a_accuracy", "a_sequential", "a_update_norms", "a_heldout", "a_geometry"]
@@ -155,6 +157,8 @@ def merge_needs(names: Iterable[str]) -> dict:
 
 # the claims judge what the tables and two figures measure
 NEEDS["claims"] = merge_needs(PAPER_A_TABLES + PAPER_B_TABLES + ["js_diversity_vs_passk_gain", "es_norm_theory"])
+# verdict stability: the same claims, per seed and pooled, from the same inputs
+NEEDS["claims_stability"] = NEEDS["claims"]
 
 
 def parse_analysis_path(path: str) -> dict | None:
@@ -221,4 +225,7 @@ def paper_inputs(config: dict, name: str, analysis_paths: Sequence[str] = (), re
     """Input files of table / figure `name`: only what the config trains (via planned_runs)."""
     setup = paper_setup(config)
     needs = NEEDS[name]
-    return {**_run_files(config, setup, needs, results), **_analysis_files(setup, needs, analysis_paths)}
+    files = {**_run_files(config, setup, needs, results), **_analysis_files(setup, needs, analysis_paths)}
+    if needs.get("heldout"):  # benchmark prompts are evaluation rows of tasks no run trains on
+        files["prompts"] = files.get("prompts", []) + heldout_files(config, results, "_prompts.jsonl")
+    return files

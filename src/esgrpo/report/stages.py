@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from esgrpo.report import claim_estimates, figures, paper_a, paper_b
+from esgrpo.report import claim_estimates, claims_stability, figures, paper_a, paper_b
 from esgrpo.report.loading import StageInputs
 from esgrpo.report.planning import NEEDS
 
@@ -27,6 +27,7 @@ TABLES: dict[str, Stage] = {
     "b_population": paper_b.table_b_population,
     "b_entropy": paper_b.table_b_entropy,
     "claims": claim_estimates.table_claims,
+    "claims_stability": claims_stability.table_claims_stability,
 }
 FIGURES: dict[str, Stage] = {
     "sequential_matrix": figures.figure_sequential_matrix,

@@ -5,7 +5,19 @@
   the run name's (the base model is one unit). Training-curve values resample seeds and logged
   iterations; analysis values (norms, cosines, KL) resample runs. A single unit (one seed, one
   run) has no interval: its bounds are NaN (shown without brackets), and a claim resting on it
-  is "inconclusive";
+  is "inconclusive". What the interval covers: another training run of the same config on these
+  test prompts (every seed is tested on the same prompts, so a prompt effect shared by the seeds is
+  held fixed; tests/test_hierarchical_bootstrap.py measures ~0.97 coverage of that target with 8
+  seeds, ~0.72 with 3, where a percentile bootstrap over 3 units is too narrow, and ~0.69 of the
+  mean over new prompts of the task). With 3 seeds, read an interval as roughly [lowest, highest
+  seed mean];
+- a training-curve value (train reward, entropy) is never one logged step, which is one noisy
+  batch (GRPO's reward of 16 prompts x 8 completions), but the mean over a window of each run's
+  logged steps ending at the chosen step (the last, or the matched budget's), with the 95% CI
+  resampling seeds then the window's iterations (``ci_curve``: with one seed, the spread over the
+  window). The window holds ``window_size(T)`` of a run's T logged steps: the last 10% (``TAIL``),
+  at least ``MIN_WINDOW``, at most half the run (so a first and a last window never overlap), fewer
+  when the chosen step has fewer before it; the ``window`` column names its steps;
 - a difference between two checkpoints is paired: per (seed, prompt) when both have the seed,
   per prompt against the base model.
 
@@ -13,9 +25,10 @@ Budgets (ES-vs-GRPO comparisons carry a ``budget`` column):
 
 - ``iterations``: final checkpoints, i.e. the ES iterations and GRPO steps as configured;
 - ``rollouts`` / ``generated_tokens``: a training-curve value (train reward, entropy) of each
-  method at the last logged step whose cumulative rollouts (generated tokens) are at most the
-  smaller of the two methods' totals; ``matched_at`` says at how many. Test metrics exist for
-  final checkpoints only, so these rows report the curve from ``metrics.jsonl``.
+  method in the window ending at the last logged step whose cumulative rollouts (generated tokens)
+  are at most the smaller of the two methods' totals; ``matched_at`` says at how many, ``at_step``
+  which step. Test metrics exist for final checkpoints only, so these rows report the curve from
+  ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -29,7 +42,8 @@ import pandas as pd
 from esgrpo.metrics import bootstrap_ci, bootstrap_ci_grouped
 
 N_BOOT = 2000
-TAIL = 0.1  # "first" / "final" value of a training curve: mean over the first / last 10% of steps
+TAIL = 0.1  # a training-curve window: the first / last 10% of a run's logged steps ...
+MIN_WINDOW = 3  # ... but at least this many (one GRPO step is one noisy batch)
 BUDGETS = ("rollouts", "generated_tokens")
 NAN3 = (math.nan, math.nan, math.nan)
 
@@ -129,14 +143,32 @@ def common_ks(setup: dict) -> list[int]:
     return sorted(set.intersection(*sets))
 
 
-def tail(df: pd.DataFrame, first: bool = False, frac: float = TAIL) -> pd.DataFrame:
-    """The last (first) ``max(1, ceil(frac * T))`` logged iterations of every run."""
+def window_size(logged: int, frac: float = TAIL) -> int:
+    """Logged steps in a window of a T-step curve: ceil(frac * T), at least MIN_WINDOW, at most T // 2
+    (a first and a last window never overlap), at least 1."""
+    return max(1, min(max(MIN_WINDOW, math.ceil(frac * logged)), logged // 2))
+
+
+def curve_window(run: pd.DataFrame, end: float | None = None) -> pd.DataFrame:
+    """One run's window ending at logged step `end` (default its last): the ``window_size(T)`` logged
+    steps up to and including it, T the run's logged steps (fewer if `end` has fewer before it)."""
+    run = run.sort_values("iteration")
+    upto = run if end is None else run[run["iteration"] <= end]
+    return upto.tail(window_size(len(run)))
+
+
+def tail(df: pd.DataFrame, first: bool = False) -> pd.DataFrame:
+    """The last (first) window of every run's curve (:func:`window_size` logged steps)."""
     out = []
     for _, g in df.groupby("run", sort=False):
-        g = g.sort_values("iteration")
-        n = max(1, math.ceil(frac * len(g)))
-        out.append(g.head(n) if first else g.tail(n))
+        out.append(g.sort_values("iteration").head(window_size(len(g))) if first else curve_window(g))
     return pd.concat(out) if out else df.iloc[0:0]
+
+
+def window_label(windows: pd.DataFrame) -> str:
+    """The steps a window spans, e.g. "steps 37-40" (per distinct span when runs differ)."""
+    spans = sorted({(int(g["iteration"].min()), int(g["iteration"].max())) for _, g in windows.groupby("run")})
+    return "; ".join(f"steps {a}-{b}" if a != b else f"step {a}" for a, b in spans)
 
 
 def main_variants(frame: pd.DataFrame) -> list[str]:
@@ -177,10 +209,11 @@ def _steps(iterations: Iterable[float]) -> str:
 def _final_step_rows(curves: pd.DataFrame, value: str, metric: str, keys: Sequence[str]) -> list[dict]:
     rows = []
     for key, g in curves.groupby([*keys, "variant"], sort=True):
-        final = g.sort_values("iteration").groupby("run").tail(1)
-        rows.append(stat(dict(zip([*keys, "variant"], key, strict=True)), ci_values(final[value]),
+        windows = tail(g)
+        rows.append(stat(dict(zip([*keys, "variant"], key, strict=True)), ci_curve(windows, value),
                          method=g["method"].iloc[0], budget="iterations", matched_at="final step",
-                         at_step=_steps(final["iteration"]), metric=metric, n_seeds=g["seed"].nunique()))
+                         at_step=_steps(g.groupby("run")["iteration"].max()), window=window_label(windows),
+                         metric=metric, n_seeds=g["seed"].nunique()))
     return rows
 
 
@@ -199,18 +232,22 @@ def _matched_budget_rows(curves: pd.DataFrame, variants: Sequence[str], value: s
             common = {"method": gv["method"].iloc[0], "budget": column, "matched_at": f"{column} <= {int(budget)}",
                       "metric": metric, "n_seeds": gv["seed"].nunique()}
             if chosen.empty:
-                rows.append(stat(base, NAN3, **common, at_step=f"none: first step uses {int(gv[column].min())}"))
-            else:
-                rows.append(stat(base, ci_values(chosen[value]), **common, at_step=_steps(chosen["iteration"])))
+                rows.append(stat(base, NAN3, **common, at_step=f"none: first step uses {int(gv[column].min())}",
+                                 window=None))
+                continue
+            windows = pd.concat([curve_window(gv[gv["run"] == run], end)
+                                 for run, end in zip(chosen["run"], chosen["iteration"], strict=True)])
+            rows.append(stat(base, ci_curve(windows, value), **common, at_step=_steps(chosen["iteration"]),
+                             window=window_label(windows)))
     return rows
 
 
 def budget_rows(metrics: pd.DataFrame, variants: Sequence[str], value: str, label: str,
                 keys: Sequence[str] = ("model", "task")) -> list[dict]:
-    """Training-curve `value` of each variant: at its final step (budget "iterations") and at
-    matched rollouts and generated tokens (see :func:`matched_rows`). ``at_step`` says which
-    logged step each value comes from; a variant whose first step already exceeds the matched
-    budget gets a NaN value and says so."""
+    """Training-curve `value` of each variant: its window mean (module docstring) ending at its final
+    step (budget "iterations") and at matched rollouts and generated tokens (see :func:`matched_rows`).
+    ``at_step`` says which logged step each window ends at, ``window`` the steps it spans; a variant
+    whose first step already exceeds the matched budget gets a NaN value and says so."""
     curves = metrics[metrics["variant"].isin(variants)].dropna(subset=[value])
     metric = f"{label} (train curve)"
     rows = _final_step_rows(curves, value, metric, keys)

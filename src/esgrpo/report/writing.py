@@ -51,9 +51,11 @@ def wide(long: pd.DataFrame, index: Sequence[str], columns: str = "method", orde
     if long.empty:
         return long
     cells = [fmt_ci(m, lo, hi) for m, lo, hi in zip(long["value"], long["value_lo"], long["value_hi"], strict=True)]
-    if "at_step" in long:  # budget rows: say which logged step each value comes from
-        cells = [c if pd.isna(s) or s == "" else (f"{c} (step {s})" if c != "n/a" else f"n/a ({s})")
-                 for c, s in zip(cells, long["at_step"], strict=True)]
+    if "at_step" in long:  # budget rows: say which logged steps each value comes from (its window)
+        spans = long["window"] if "window" in long else [None] * len(long)
+        cells = [c if pd.isna(s) or s == "" else (f"{c} ({w if isinstance(w, str) and w else f'step {s}'})"
+                                                  if c != "n/a" else f"n/a ({s})")
+                 for c, s, w in zip(cells, long["at_step"], spans, strict=True)]
     cell = long.assign(_cell=cells)
     table = cell.pivot_table(index=list(index), columns=columns, values="_cell", aggfunc="first", sort=False)
     present = [c for c in order if c in table.columns] + [c for c in table.columns if c not in order]

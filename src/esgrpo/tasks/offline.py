@@ -1,6 +1,7 @@
 """Offline tasks for the embedded default: instances from reasoning-gym generators, re-templated short.
 
-Four kinds mirror paper A's four tasks (Countdown, MATH, Chemistry MCQ, BoolQ) in miniature:
+Four kinds mirror paper A's four tasks (Countdown, MATH, Chemistry MCQ, BoolQ) in miniature; a
+fifth, of another kind (ordering words, no arithmetic), is the held-out task no run trains on:
 
 | task        | generator (reasoning-gym) | answer                 | verifier  |
 |-------------|---------------------------|------------------------|-----------|
@@ -8,6 +9,7 @@ Four kinds mirror paper A's four tasks (Countdown, MATH, Chemistry MCQ, BoolQ) i
 | leg_count   | leg_counting              | a number               | math      |
 | sum_choice  | chain_sum, 4 options      | a letter A-D           | choice    |
 | sum_yesno   | chain_sum, claimed value  | yes / no               | yesno     |
+| word_order  | word_sorting, 3 words     | a letter A-C           | choice    |
 
 Prompts are rewritten from the generator's metadata because its own wording is far longer
 than a tiny model's context. Every answer is recomputed with our own arithmetic (the
@@ -203,6 +205,37 @@ def load_sum_yesno(split: str, size: int | None, seed: int, **_: object) -> list
         rows.setdefault(question, make_row(
             f"sum_yesno-{zlib.crc32(question.encode()):08x}", question, answer,
             {"solution": f"{expression}={value}", "final": answer}))
+    return _take(rows, split, size)
+
+
+def load_word_order(split: str, size: int | None, seed: int, **_: object) -> list[Row]:
+    """Which of three short lowercase words comes first in a-z (or z-a) order, as a letter A-C.
+
+    The generator's word-sorting instances, asked for the first word of the order only and as a
+    choice, because the tiny model cannot write the words out beside the four other tasks
+    (docs/references.md, CPU measurements: the warm-up). Only words of letters with distinct first
+    letters are kept, so the worked solution (the first letters in order) decides the answer.
+    """
+    from reasoning_gym.algorithmic.word_sorting import TextTransformation
+
+    pool = _rg_dataset("word_sorting", _pool_size(size, split), seed, min_words=3, max_words=3,
+                       min_word_length=3, max_word_length=5, transformation=TextTransformation.LOWERCASE)
+    rows: dict[str, Row] = {}
+    for entry in pool:
+        meta = entry["metadata"]
+        words, descending = list(meta["transformed_words"]), meta["direction"] == "descending"
+        if not all(w.isalpha() for w in words) or len({w[0] for w in words}) < len(words):
+            continue
+        ordered = sorted(words, reverse=descending)
+        if ordered != meta["sorted_words"]:
+            continue
+        letter = "ABC"[words.index(ordered[0])]
+        options = " ".join(f"{'ABC'[i]}){word}" for i, word in enumerate(words))
+        question = f"First {'z-a' if descending else 'a-z'}: {options}"
+        steps = (">" if descending else "<").join(w[0] for w in ordered)
+        rows.setdefault(question, make_row(
+            f"word_order-{zlib.crc32(question.encode()):08x}", question, letter,
+            {"solution": steps, "final": letter}))
     return _take(rows, split, size)
 
 

@@ -34,6 +34,9 @@ OFFLINE_TASKS: dict[str, TaskSpec] = {
     "sum_choice": TaskSpec("sum_choice", "choice", offline.load_sum_choice,
                            "a one-digit sum with four options (multiple choice)"),
     "sum_yesno": TaskSpec("sum_yesno", "yesno", offline.load_sum_yesno, "is a claimed one-digit sum right (yes/no)"),
+    # Another kind (ordering words, no arithmetic): the default's held-out task, in the warm-up, trained by no run.
+    "word_order": TaskSpec("word_order", "choice", offline.load_word_order,
+                           "which of three short words comes first a-z or z-a (A-C)"),
 }
 
 TASKS: dict[str, TaskSpec] = {**HUB_TASKS, **OFFLINE_TASKS}

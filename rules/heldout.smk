@@ -1,0 +1,64 @@
+# Held-out benchmarks through lm-evaluation-harness (esgrpo.heldout_bench): one job per checkpoint and
+# benchmark of the config's `heldout_benchmarks` block: the base model and the final stage of each
+# continual sequence (paper A's before -> after; docs/references.md). The tables read the per-prompt
+# rows (esgrpo.report.planning); README.md, "Held-out benchmarks", says how to run them on real data.
+# Resources: the memory and GPUs planned for the same checkpoint's evaluation job (the plan has no
+# lm-eval job kind), the runtime from the block.
+
+
+wildcard_constraints:
+    bench=_alternatives(HELDOUT_BENCHMARKS) if HELDOUT_BENCHMARKS else "(?!)",
+
+
+rule heldout_base:
+    input:
+        model=base_model_files,
+    output:
+        summary=f"{RESULTS}/{{model}}/base/heldout/{{bench}}.json",
+        prompts=f"{RESULTS}/{{model}}/base/heldout/{{bench}}_prompts.jsonl",
+    params:
+        model=base_model_ref,
+        settings=heldout_settings,
+        run="base",
+        train_task="none",
+    log:
+        f"{RESULTS}/logs/{{model}}/base/heldout_{{bench}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/base/heldout_{{bench}}.tsv"
+    threads: 1
+    resources:
+        mem_mb=planned("eval_base", "mem_mb", 4000),
+        runtime=HELDOUT_RUNTIME,
+        gpu=planned("eval_base", "gpu", 0),
+        gpu_model=planned("eval_base", "gpu_model", ""),
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../workflow_scripts/heldout_benchmark.py"
+
+
+rule heldout_run:
+    input:
+        model=f"{RESULTS}/{{model}}/{{task}}/{{run}}/model",
+    output:
+        summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/heldout/{{bench}}.json",
+        prompts=f"{RESULTS}/{{model}}/{{task}}/{{run}}/heldout/{{bench}}_prompts.jsonl",
+    params:
+        model=run_model,
+        settings=heldout_settings,
+        run="{run}",
+        train_task="{task}",
+    log:
+        f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.tsv"
+    threads: 1
+    resources:
+        mem_mb=planned("eval_run", "mem_mb", 4000),
+        runtime=HELDOUT_RUNTIME,
+        gpu=planned("eval_run", "gpu", 0),
+        gpu_model=planned("eval_run", "gpu_model", ""),
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../workflow_scripts/heldout_benchmark.py"
