@@ -9,7 +9,14 @@ import torch
 
 from esgrpo.evaluate import EvalSettings, answer_key, evaluate_rows
 from esgrpo.models import TinyLlamaSpec, build_tiny_llama, train_tokenizer
-from esgrpo.rollout import HFEngine, eos_token_ids, id_list, lengths_through_eos
+from esgrpo.rollout import (
+    HFEngine,
+    PopulationEngine,
+    eos_token_ids,
+    id_list,
+    lengths_through_eos,
+    local_engine,
+)
 from esgrpo.tasks.offline import load_sum_yesno, worked_solution
 from esgrpo.warmup import WarmupConfig, build_examples, wrong_format
 
@@ -24,9 +31,10 @@ def tiny():
     return model.eval(), tokenizer, rows
 
 
-def test_sampling_is_reproducible_and_logprobs_match_a_forward(tiny):
+@pytest.mark.parametrize("engine_class", [HFEngine, PopulationEngine])
+def test_sampling_is_reproducible_and_logprobs_match_a_forward(tiny, engine_class):
     model, tokenizer, rows = tiny
-    engine = HFEngine(model, tokenizer, batch_size=16)
+    engine = engine_class(model, tokenizer, batch_size=16)
     a = engine.generate(rows[:6], n=3, temperature=1.0, max_new_tokens=8, seed=5)
     b = engine.generate(rows[:6], n=3, temperature=1.0, max_new_tokens=8, seed=5)
     assert a.texts == b.texts and a.token_ids == b.token_ids
@@ -42,11 +50,30 @@ def test_sampling_is_reproducible_and_logprobs_match_a_forward(tiny):
     assert all(e >= 0 and math.isfinite(e) for seq in a.entropies[0] for e in seq)
 
 
-def test_greedy_is_deterministic_and_batch_independent(tiny):
+@pytest.mark.parametrize("engine_class", [HFEngine, PopulationEngine])
+def test_greedy_is_deterministic_and_batch_independent(tiny, engine_class):
     model, tokenizer, rows = tiny
-    small = HFEngine(model, tokenizer, batch_size=2).generate(rows[:6], n=1, max_new_tokens=8)
-    large = HFEngine(model, tokenizer, batch_size=64).generate(rows[:6], n=1, max_new_tokens=8)
+    small = engine_class(model, tokenizer, batch_size=2).generate(rows[:6], n=1, max_new_tokens=8)
+    large = engine_class(model, tokenizer, batch_size=64).generate(rows[:6], n=1, max_new_tokens=8)
     assert small.texts == large.texts
+
+
+def test_the_population_engine_decodes_what_generate_decodes(tiny):
+    """eval.backend population: greedy tokens equal transformers' generate, log-probs and entropies agree;
+    sampled rollouts differ from generate's (another random stream) but come from the same model, so
+    their recorded log-probs still match a forward (test above). A backend without an engine is an error."""
+    model, tokenizer, rows = tiny
+    hf = HFEngine(model, tokenizer, batch_size=8).generate(rows[:8], n=1, max_new_tokens=10)
+    pop = local_engine(model, tokenizer, "population", batch_size=8).generate(rows[:8], n=1, max_new_tokens=10)
+    assert pop.token_ids == hf.token_ids and pop.texts == hf.texts
+    for a, b in ((pop.logprobs, hf.logprobs), (pop.entropies, hf.entropies)):
+        assert [x for seq in a for s in seq for x in s] == pytest.approx([x for seq in b for s in seq for x in s],
+                                                                          abs=1e-4)
+    sampled = dict(rows=rows[:4], n=4, temperature=1.0, max_new_tokens=10, seed=3)
+    assert local_engine(model, tokenizer, "population").generate(**sampled).token_ids != \
+        HFEngine(model, tokenizer).generate(**sampled).token_ids
+    with pytest.raises(ValueError, match="eval.backend 'vllm'"):
+        local_engine(model, tokenizer, "vllm")
 
 
 def test_evaluate_rows_counts_and_metrics(tiny):

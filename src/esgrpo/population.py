@@ -225,6 +225,16 @@ def _logits(pw: PopulationWeights, x: Tensor) -> Tensor:
     return torch.bmm(_rms(x, pw.arch.eps), pw.lm_head)  # [N, B, V]
 
 
+def categorical(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One draw per row of `probs` [R, V] (unnormalised, >= 0) -> [R, 1], by inverting the CDF at a
+    uniform: token i is drawn when u * total falls in [cdf[i-1], cdf[i]), so a zero-probability token
+    never is. torch.multinomial draws the same distribution but was a quarter of a CPU evaluation's
+    time (3.4 s of 13 s at 1,024 rows x 384 tokens, measured); a cumsum and a binary search are not."""
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=probs.dtype, device=probs.device)
+    cdf = probs.cumsum(-1)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)
+
+
 def _sample(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator | None) -> Tensor:
     """Temperature + nucleus sampling; logits [N, B, V] -> tokens [N, B]."""
     probs = torch.softmax(logits / temperature, dim=-1).flatten(0, 1)
@@ -233,10 +243,9 @@ def _sample(logits: Tensor, temperature: float, top_p: float, generator: torch.G
         # Drop a token once the mass ranked above it reaches top_p (the top token always stays),
         # the rule of transformers' TopPLogitsWarper.
         sorted_p.masked_fill_(sorted_p.cumsum(-1).sub_(sorted_p) >= top_p, 0.0)
-        pick = torch.multinomial(sorted_p, 1, generator=generator)
-        tokens = order.gather(-1, pick)
+        tokens = order.gather(-1, categorical(sorted_p, generator))
     else:
-        tokens = torch.multinomial(probs, 1, generator=generator)
+        tokens = categorical(probs, generator)
     return tokens.view(logits.shape[:-1])
 
 

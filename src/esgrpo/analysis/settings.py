@@ -40,7 +40,8 @@ def analysis_eval_settings(model_eval: Mapping, analysis_eval: Mapping) -> dict:
     """The eval block an analysis evaluates with: the model's eval settings, overridden by
     `analysis.eval` (fewer samples and prompts by default), ks = {1, n_samples}."""
     cfg = {**model_eval, **analysis_eval}
-    cfg.pop("backend", None)  # analyses move weights in a transformers model: always the HF engine
+    if cfg.get("backend") != "population":  # analyses move weights in a transformers model: not vLLM
+        cfg.pop("backend", None)
     cfg.pop("engine", None)
     n = int(cfg.get("n_samples", 8))
     cfg["ks"] = sorted({1, n})

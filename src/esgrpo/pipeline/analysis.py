@@ -84,7 +84,7 @@ from esgrpo.io import atomic_write_text, read_json, read_jsonl, write_json, writ
 from esgrpo.metrics import barrier_height
 from esgrpo.models import load_model, prompt_texts
 from esgrpo.pipeline.data import load_rows
-from esgrpo.rollout import HFEngine
+from esgrpo.rollout import HFEngine, local_engine
 
 F64_LIMIT = 200_000_000  # parameters; above it deltas are float32
 
@@ -144,11 +144,12 @@ class PointEvaluator:
     def __init__(self, base_ref: str, eval_cfg: Mapping):
         cfg = dict(eval_cfg)
         self.limit = cfg.pop("test_size", None)
-        engine_cfg = {k: cfg.pop(k) for k in ("batch_size", "dtype", "device") if k in cfg}
+        engine_cfg = {k: cfg.pop(k) for k in ("backend", "batch_size", "dtype", "device") if k in cfg}
         self.settings = EvalSettings(**cfg)
         model, tokenizer = load_model(base_ref, dtype=engine_cfg.get("dtype", "float32"),
                                       device=engine_cfg.get("device", "cpu"))
-        self.engine = HFEngine(model, tokenizer, batch_size=int(engine_cfg.get("batch_size", 256)))
+        self.engine = local_engine(model, tokenizer, engine_cfg.get("backend", "hf"),
+                                   batch_size=int(engine_cfg.get("batch_size", 256)))
         self.cache: dict = {}
         self.evaluations = 0
 

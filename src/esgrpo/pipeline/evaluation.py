@@ -14,7 +14,7 @@ from esgrpo.io import read_json, write_json, write_jsonl
 from esgrpo.models import load_model
 from esgrpo.pipeline.data import load_rows
 from esgrpo.provenance import provenance
-from esgrpo.rollout import HFEngine
+from esgrpo.rollout import local_engine
 
 ENGINE_KEYS = ("backend", "batch_size", "dtype", "device", "engine")
 
@@ -34,7 +34,7 @@ def make_engine(model_ref: str, settings: dict, rows: list[dict], max_new_tokens
                           **engine_kwargs(settings.get("engine") or {}, ids, max_new_tokens))
     model, tokenizer = load_model(model_ref, dtype=settings.get("dtype", "float32"),
                                   device=settings.get("device", "cpu"))
-    return HFEngine(model, tokenizer, batch_size=int(settings.get("batch_size", 256)))
+    return local_engine(model, tokenizer, backend, batch_size=int(settings.get("batch_size", 256)))
 
 
 def split_eval_settings(eval_cfg: dict) -> tuple[EvalSettings, dict, int | None]:
