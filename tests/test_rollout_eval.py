@@ -7,16 +7,10 @@ import math
 import pytest
 import torch
 
+from esgrpo.engines import PopulationEngine, local_engine
 from esgrpo.evaluate import EvalSettings, answer_key, evaluate_rows
 from esgrpo.models import TinyLlamaSpec, build_tiny_llama, train_tokenizer
-from esgrpo.rollout import (
-    HFEngine,
-    PopulationEngine,
-    eos_token_ids,
-    id_list,
-    lengths_through_eos,
-    local_engine,
-)
+from esgrpo.rollout import HFEngine, eos_token_ids, id_list, lengths_through_eos
 from esgrpo.tasks.offline import load_sum_yesno, worked_solution
 from esgrpo.warmup import WarmupConfig, build_examples, wrong_format
 

@@ -48,7 +48,7 @@ PRELOAD_MODULES = (
     "esgrpo.pipeline.data", "esgrpo.pipeline.models", "esgrpo.pipeline.training",
     "esgrpo.pipeline.evaluation", "esgrpo.pipeline.analysis", "esgrpo.pipeline.theory",
     "esgrpo.report.stages", "esgrpo.report.base_table", "esgrpo.es", "esgrpo.hf_es", "esgrpo.grpo",
-    "esgrpo.warmup", "matplotlib.pyplot",
+    "esgrpo.warmup", "esgrpo.engines", "matplotlib.pyplot",
 )
 PRELOAD_ATTRIBUTES = {  # lazy modules: an attribute access is what imports the real module
     "transformers": ("AutoConfig", "AutoTokenizer", "AutoModelForCausalLM", "LlamaConfig",

@@ -79,12 +79,13 @@ from esgrpo.analysis.drift import MODULE_TYPES, delta, drift_table, float_names,
 from esgrpo.analysis.interpolation import along_direction, interpolate, random_direction_like
 from esgrpo.analysis.kl import per_sequence_kl, sequence_kl_stats, token_kl
 from esgrpo.analysis.sparsity import n_kept, reset_module_type, sparsify, top_fraction_mask
+from esgrpo.engines import local_engine
 from esgrpo.evaluate import EvalSettings, evaluate_rows
 from esgrpo.io import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
 from esgrpo.metrics import barrier_height
 from esgrpo.models import load_model, prompt_texts
 from esgrpo.pipeline.data import load_rows
-from esgrpo.rollout import HFEngine, local_engine
+from esgrpo.rollout import HFEngine
 
 F64_LIMIT = 200_000_000  # parameters; above it deltas are float32
 

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import time
 
+from esgrpo.engines import local_engine
 from esgrpo.evaluate import EvalSettings, evaluate_rows
 from esgrpo.io import read_json, write_json, write_jsonl
 from esgrpo.models import load_model
 from esgrpo.pipeline.data import load_rows
 from esgrpo.provenance import provenance
-from esgrpo.rollout import local_engine
 
 ENGINE_KEYS = ("backend", "batch_size", "dtype", "device", "engine")
 
