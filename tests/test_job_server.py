@@ -63,6 +63,7 @@ def test_a_stage_forked_by_the_server_writes_what_it_writes_in_process(checkpoin
         return [{k: v for k, v in e.items() if k != "seconds"} for e in read_json(path)["evaluations"]]
 
     assert measured(here / "eval.json") == measured(forked / "eval.json")
+    assert "job server child: cpu" in (forked / "eval.log").read_text()  # the job's own CPU, not the client's
     assert measured(here / "eval.json")[0]["pass@1"] >= 0
 
 

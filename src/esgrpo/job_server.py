@@ -29,6 +29,7 @@ import json
 import os
 import pickle
 import random
+import resource
 import select
 import signal
 import socket
@@ -158,6 +159,7 @@ def _child(request: dict, closing: list[socket.socket]) -> None:
             sys.modules["numpy"].random.seed()
         request["call"].run()
         code = 0
+        _log_usage(request["call"].log_path)
     except SystemExit as exit_:
         code = exit_.code if isinstance(exit_.code, int) else 1
     except BaseException:  # the stage printed its traceback to its log (StageCall.run)
@@ -166,6 +168,21 @@ def _child(request: dict, closing: list[socket.socket]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _log_usage(log_path: str | None) -> None:
+    """The child's own CPU seconds and peak memory at the end of the job's log: Snakemake's `benchmark:`
+    file measures the waiting client script, whose wall seconds are the job's but whose CPU and memory
+    are not."""
+    if not log_path:
+        return
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    try:
+        with open(log_path, "a") as log:
+            log.write(f"job server child: cpu {usage.ru_utime + usage.ru_stime:.1f} s, "
+                      f"max rss {usage.ru_maxrss / 1024:.0f} MiB (the server's shared pages included)\n")
+    except OSError:
+        pass
 
 
 def serve(address: str, parent_pid: int) -> None:
