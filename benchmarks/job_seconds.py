@@ -16,9 +16,15 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from collections import defaultdict
 from datetime import datetime
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from esgrpo.fingerprint import matmul_gflops  # noqa: E402
+from esgrpo.runs import parse_run_name  # noqa: E402
 
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")
 START = re.compile(r"^(?:local)?rule (\w+):$")
@@ -30,8 +36,6 @@ FINISHED = re.compile(r"^Finished jobid: (\d+) \(Rule: (\w+)\)$")
 def family(rule: str, run: str | None) -> str:
     """The rule, split by the run's family for training and evaluation jobs."""
     if rule in ("train_run", "eval_run") and run:
-        from esgrpo.runs import parse_run_name
-
         return f"{rule}:{parse_run_name(run).family}"
     return rule
 
@@ -78,9 +82,8 @@ def main() -> None:
     parser.add_argument("logs", nargs="+", type=Path)
     parser.add_argument("--compare", action="store_true", help="two logs: before and after")
     args = parser.parse_args()
-    from es_throughput import matmul_flops  # benchmarks/ is on sys.path when run as a script
-
-    print(f"machine: dense fp32 matmul {matmul_flops() / 1e9:.0f} GFLOP/s (one thread)")
+    # the size and duration of benchmarks/es_throughput.py's matmul_flops, so the numbers compare
+    print(f"machine: dense fp32 matmul {matmul_gflops(size=2048, seconds=1.0):.0f} GFLOP/s (one thread)")
     runs = [totals([log]) for log in args.logs] if args.compare else [totals(args.logs)]
     names = sorted(set().union(*(r[0] for r in runs)), key=lambda k: -sum(runs[-1][0].get(k, [])))
     header = "family".ljust(34) + "".join(f"{'jobs':>6}{'job-s':>9}" for _ in runs) + ("   after/before" if args.compare else "")

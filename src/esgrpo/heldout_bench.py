@@ -80,7 +80,7 @@ def heldout_checkpoints(config: dict) -> list[tuple[str, str]]:
     if "continual_final" in kinds and order:
         for method in seq.get("continual_methods", ["es", "grpo"]):
             trainer = config.get(method)
-            for seed in (trainer or {}).get("seeds", [0]) if trainer else []:
+            for seed in trainer.get("seeds", [0]) if trainer else []:
                 # stage 1 may be the main run itself (esgrpo.runs.continual_stage_one)
                 out.append(continual_stage_one_run(config, method, seed) if len(order) == 1
                            else (order[-1], continual_name(method, seed, len(order))))

@@ -237,8 +237,8 @@ def _reap(children: dict[int, socket.socket]) -> None:
 class Server:
     """The server process of one Snakemake run (started by `start`, stopped by `stop`)."""
 
-    def __init__(self, process: subprocess.Popen, address: str, log_path: str):
-        self.process, self.address, self.log_path = process, address, log_path
+    def __init__(self, process: subprocess.Popen, address: str):
+        self.process, self.address = process, address
 
     def stop(self) -> None:
         if SERVER_ENV in os.environ and self.address in os.environ[SERVER_ENV]:
@@ -268,7 +268,7 @@ def start(log_path: str | os.PathLike) -> Server:
             raise RuntimeError(f"the job server did not start; see {log_path}")
         time.sleep(0.02)
     os.environ[SERVER_ENV] = json.dumps({**_this_interpreter(), "socket": address})
-    return Server(process, address, str(log_path))
+    return Server(process, address)
 
 
 if __name__ == "__main__":
