@@ -31,8 +31,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from esgrpo.fingerprint import matmul_gflops  # noqa: E402
-from esgrpo.population import population_generate, sequential_generate  # noqa: E402
+from esgrpo.engines.population import population_generate, sequential_generate  # noqa: E402
+from esgrpo.models.fingerprint import matmul_gflops  # noqa: E402
 
 
 @dataclass

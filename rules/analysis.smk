@@ -1,6 +1,6 @@
 # Geometry analyses of trained checkpoints (paper A's geometry findings, paper B's findings 6-7).
 # Every output lives under results/analysis/{model}/ (helpers and settings: rules/common.smk and
-# esgrpo.analysis.settings; defaults in schemas/config.schema.yaml; stages in esgrpo.pipeline.analysis).
+# esgrpo.analysis.settings; defaults in schemas/config.schema.yaml; stages in esgrpo.workflow.stages.analysis).
 
 
 rule analysis_all:

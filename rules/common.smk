@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from esgrpo.analysis.settings import analysis_config, analysis_eval_settings
-from esgrpo import heldout_bench
+from esgrpo.evaluation import heldout
 from esgrpo.config import check_config, judged_on, model_eval_tasks, model_warmup_tasks, software_env, task_splits
 from esgrpo.plan import Planner, PlanSettings, plan_row, total_gpu_hours
 from esgrpo.report import planning as paper_planning
@@ -235,7 +235,7 @@ def base_samples_batch_size(wildcards):
 
 # --- analyses ----------------------------------------------------------------------------------
 # Every analysis output lives under results/analysis/{model}/ and is a tidy CSV (columns: the
-# ANALYSIS table in esgrpo/pipeline/analysis.py). theta0 is always the model's base checkpoint.
+# ANALYSIS table in esgrpo/workflow/stages/analysis.py). theta0 is always the model's base checkpoint.
 # Analyses pairing ES with GRPO (cosine, interpolation) need both an `es` and a `grpo` block.
 
 ANALYSIS = analysis_config(config)
@@ -486,18 +486,18 @@ def base_fingerprint_targets():
     return [f"{RESULTS}/{m}/base/fingerprint.json" for m, spec in config["models"].items() if spec["source"] == "default"]
 
 
-# Held-out benchmarks through lm-eval (rules/heldout.smk; esgrpo.heldout_bench).
-HELDOUT_BENCHMARKS = heldout_bench.benchmark_names(config)
-HELDOUT_RUNTIME = int(heldout_bench.heldout_block(config).get("runtime", 240))
+# Held-out benchmarks through lm-eval (rules/heldout.smk; esgrpo.evaluation.heldout).
+HELDOUT_BENCHMARKS = heldout.benchmark_names(config)
+HELDOUT_RUNTIME = int(heldout.heldout_block(config).get("runtime", 240))
 
 
 def heldout_settings(wildcards):
-    return heldout_bench.benchmark_settings(config, wildcards.bench)
+    return heldout.benchmark_settings(config, wildcards.bench)
 
 
 def heldout_targets():
     """Every held-out benchmark summary (heldout_benchmarks: base and final continual stages)."""
-    return heldout_bench.heldout_files(config, RESULTS)
+    return heldout.heldout_files(config, RESULTS)
 
 
 def all_targets():
@@ -509,7 +509,7 @@ def all_targets():
 
 # --- the local job server ----------------------------------------------------------------------
 # A local CPU run forks its jobs from one interpreter that has torch, transformers and TRL imported
-# (esgrpo.job_server: ~4-5 s of imports saved per job, results unchanged). SLURM jobs, GPU configs
+# (esgrpo.workflow.job_server: ~4-5 s of imports saved per job, results unchanged). SLURM jobs, GPU configs
 # and conda-deployed jobs run their stage in their own process, as does every job with
 # ESGRPO_NO_JOB_SERVER=1.
 
@@ -517,7 +517,7 @@ JOB_SERVERS = []
 
 
 def start_job_server():
-    from esgrpo import job_server
+    from esgrpo.workflow import job_server
 
     if workflow.local_exec and software_env(config) == "cpu" and job_server.enabled():
         JOB_SERVERS.append(job_server.start(f"{RESULTS}/logs/job_server.log"))

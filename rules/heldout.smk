@@ -1,4 +1,4 @@
-# Held-out benchmarks through lm-evaluation-harness (esgrpo.heldout_bench): one job per checkpoint and
+# Held-out benchmarks through lm-evaluation-harness (esgrpo.evaluation.heldout): one job per checkpoint and
 # benchmark of the config's `heldout_benchmarks` block: the base model and the final stage of each
 # continual sequence (paper A's before -> after; docs/references.md). The tables read the per-prompt
 # rows (esgrpo.report.planning); README.md, "Held-out benchmarks", says how to run them on real data.

@@ -6,7 +6,7 @@
 #   scripts/gpu_smoke.sh --device cpu --tiny  # the same logic on a CPU, in about a minute
 #
 # Needs: a Python with torch and transformers (and tokenizers, numpy, safetensors, which they bring).
-# Optional: TRL (then GRPO runs through the project's trainer, esgrpo.grpo.train_grpo); without it a
+# Optional: TRL (then GRPO runs through the project's trainer, esgrpo.grpo.trainer.train_grpo); without it a
 # plain torch GRPO step is measured. No vLLM, no network: architectures come from
 # src/esgrpo/plan/architectures/, weights are random. Everything it prints and a JSON copy go to
 # benchmarks/out/gpu_smoke/ (git-ignored).

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from esgrpo.fingerprint import compare_to_reference, task_scores, weights_sha256
 from esgrpo.io import read_json
 from esgrpo.metrics import pass_at_k_curve
-from esgrpo.models import TinyLlamaSpec, build_tiny_llama, save_model, train_tokenizer
+from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
+from esgrpo.models.fingerprint import compare_to_reference, task_scores, weights_sha256
+from esgrpo.models.loading import save_model
 from esgrpo.tasks.offline import load_sum_yesno, worked_solution
 
 REPO = Path(__file__).resolve().parents[1]
@@ -72,8 +73,8 @@ def test_fingerprint_stage_on_a_tiny_built_model(tmp_path):
     """The workflow's three stages on a few rows: build (warm-up), evaluate, fingerprint; rerunning the
     build gives the same hash, and the fingerprint against itself as reference says identical."""
     from esgrpo.io import write_json, write_jsonl
-    from esgrpo.pipeline.evaluation import evaluate_checkpoint
-    from esgrpo.pipeline.models import build_default_model, write_base_fingerprint
+    from esgrpo.workflow.stages.evaluation import evaluate_checkpoint
+    from esgrpo.workflow.stages.models import build_default_model, write_base_fingerprint
 
     rows = load_sum_yesno("train", 24, 0)
     write_jsonl(tmp_path / "train.jsonl", rows)

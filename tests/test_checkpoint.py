@@ -157,7 +157,7 @@ def test_fingerprint_covers_description_and_start_weights_bytes():
     assert fingerprint(description) != fingerprint({**description, "rows": []})
 
 
-# --------------------------------------------------------------------------- streamed safetensors (esgrpo.tensor_files)
+# --------------------------------------------------------------------------- streamed safetensors (esgrpo.models.tensor_files)
 
 
 def test_write_shards_keeps_one_shard_on_the_host_and_transformers_loads_the_folder(tmp_path, monkeypatch):
@@ -166,7 +166,7 @@ def test_write_shards_keeps_one_shard_on_the_host_and_transformers_loads_the_fol
     import safetensors.torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from esgrpo.tensor_files import TensorFiles, write_shards
+    from esgrpo.models.tensor_files import TensorFiles, write_shards
 
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)

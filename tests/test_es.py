@@ -1,5 +1,5 @@
-"""Tests of the seeds-only ES trainer (esgrpo.es) over its transformers backend (esgrpo.hf_es), and of
-the ES maths (esgrpo.es_ops), on tiny random Llamas and synthetic fitness.
+"""Tests of the seeds-only ES trainer (esgrpo.es.loop) over its transformers backend (esgrpo.es.hf_backend), and of
+the ES maths (esgrpo.es.ops), on tiny random Llamas and synthetic fitness.
 
 The synthetic evaluators compute fitness from the member weights they are handed (a real
 objective, not a stand-in for ES logic), so the tests see exactly what ES does to theta.
@@ -25,10 +25,10 @@ from safetensors.torch import load_file
 
 from esgrpo.analysis.theory import expected_es_norm
 from esgrpo.checkpoint import LOCK_NAME, ProgressFolder
-from esgrpo.es import snapshot_dir, train_es
-from esgrpo.es_backend import FitnessResult
-from esgrpo.es_config import ESConfig
-from esgrpo.es_ops import (
+from esgrpo.es.backend import FitnessResult
+from esgrpo.es.hf_backend import HFESBackend, make_population_evaluator, theta_from_model, trainable_names
+from esgrpo.es.loop import snapshot_dir, train_es
+from esgrpo.es.ops import (
     all_equal,
     apply_update,
     iter_population,
@@ -36,11 +36,10 @@ from esgrpo.es_ops import (
     normalize_fitness,
     perturbed_population,
     prompt_batch,
-    stable_name_hash,
-    tensor_noise,
 )
-from esgrpo.hf_es import HFESBackend, make_population_evaluator, theta_from_model, trainable_names
+from esgrpo.es.settings import ESConfig
 from esgrpo.io import read_jsonl
+from esgrpo.noise import stable_name_hash, tensor_noise
 
 torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parent
@@ -267,12 +266,12 @@ def test_settings_are_light_documented_dataclasses_and_the_trainer_imports_no_ge
     transformers and no vLLM (the backends do)."""
     import dataclasses
 
-    from esgrpo.grpo_settings import GRPOSettings
+    from esgrpo.grpo.settings import GRPOSettings
 
-    code = ("import sys, esgrpo.es_config, esgrpo.grpo_settings; "
+    code = ("import sys, esgrpo.es.settings, esgrpo.grpo.settings; "
             "heavy = [m for m in ('torch', 'transformers', 'trl', 'vllm') if m in sys.modules]; "
-            "import esgrpo.es, esgrpo.es_ops; "
-            "print(heavy, [m for m in ('transformers', 'vllm', 'esgrpo.population', 'esgrpo.hf_es') "
+            "import esgrpo.es.loop, esgrpo.es.ops; "
+            "print(heavy, [m for m in ('transformers', 'vllm', 'esgrpo.engines.population', 'esgrpo.es.hf_backend') "
             "if m in sys.modules])")
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent / "src")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
@@ -698,7 +697,7 @@ def reference_generate(model, stacked, input_ids, attention_mask, max_new_tokens
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from esgrpo.models import train_tokenizer
+    from esgrpo.models.default import train_tokenizer
 
     return train_tokenizer(["12+3=15", "what is 4*5? 20", "7-2=5 done"], vocab_size=280)
 
@@ -766,7 +765,7 @@ def test_train_es_end_to_end_with_default_evaluator_saves_hf_model(tokenizer, tm
 
 
 def test_default_evaluator_with_the_population_engine_if_present(tokenizer):
-    population = pytest.importorskip("esgrpo.population")
+    population = pytest.importorskip("esgrpo.engines.population")
     model = tiny_llama(vocab=len(tokenizer), layers=1)
     rows = [{"id": "0", "prompt": [{"role": "user", "content": "1+2"}], "answer": "3"},
             {"id": "1", "prompt": [{"role": "user", "content": "what is 33?"}], "answer": "33"}]

@@ -1,4 +1,4 @@
-"""Tests of the TRL-based GRPO trainer (esgrpo.grpo) on a tiny model built in the test's tmp folder.
+"""Tests of the TRL-based GRPO trainer (esgrpo.grpo.trainer) on a tiny model built in the test's tmp folder.
 
 The model is a 1-layer Llama taught in a few supervised steps to answer "Is a+b=c?" with
 `\\boxed{yes}` or `\\boxed{no}` at random: it uses the project's format, so the project's
@@ -22,7 +22,9 @@ import torch
 from safetensors.torch import load_file
 
 from esgrpo.checkpoint import LOCK_NAME, ProgressFolder, ProgressFolderLocked
-from esgrpo.grpo import (
+from esgrpo.grpo.launch import accelerate_config, launch_command, launch_grpo
+from esgrpo.grpo.settings import GRPOSettings
+from esgrpo.grpo.trainer import (
     CHECKPOINT_PREFIX,
     ES_SHARED_KEYS,
     _check_vllm_dtype,
@@ -34,11 +36,9 @@ from esgrpo.grpo import (
     rows_to_dataset,
     train_grpo,
 )
-from esgrpo.grpo_launch import accelerate_config, launch_command, launch_grpo
-from esgrpo.grpo_settings import GRPOSettings
 from esgrpo.io import read_json, read_jsonl
-from esgrpo.rewards import reward
 from esgrpo.tasks.base import make_row
+from esgrpo.tasks.rewards import reward
 
 torch.set_num_threads(1)
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -60,13 +60,9 @@ def yesno_rows(n: int = 48) -> list[dict]:
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """A tiny Llama that answers in the boxed format, right about half the time (see module docstring)."""
-    from esgrpo.models import (
-        TinyLlamaSpec,
-        build_tiny_llama,
-        prompt_texts,
-        save_model,
-        train_tokenizer,
-    )
+    from esgrpo.engines.rollout import prompt_texts
+    from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
+    from esgrpo.models.loading import save_model
 
     rows = yesno_rows()
     answers = ["\\boxed{yes}", "\\boxed{no}"]
@@ -246,8 +242,8 @@ def test_vllm_engine_context_and_dtype_checks(model_dir):
     plan's, checked); a vLLM engine left in fp32 beside bf16 training is an error."""
     import types
 
-    from esgrpo.models import load_model
-    from esgrpo.vllm_engine import prompt_token_ids
+    from esgrpo.engines.vllm_engine import prompt_token_ids
+    from esgrpo.models.loading import load_model
 
     _, tokenizer = load_model(model_dir)
     rows = yesno_rows(8)
@@ -299,7 +295,7 @@ def test_accelerate_configs_and_the_launch_command(tmp_path):
                         tmp_path / "p")
     command = launch_command(tmp_path / "a.yaml", tmp_path / "job.json", 4, 29517)
     assert command == [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(tmp_path / "a.yaml"),
-                       "--num_processes", "4", "--main_process_port", "29517", "-m", "esgrpo.grpo_launch",
+                       "--num_processes", "4", "--main_process_port", "29517", "-m", "esgrpo.grpo.launch",
                        str(tmp_path / "job.json")]
 
 
@@ -329,14 +325,14 @@ def test_a_held_progress_folder_stops_a_second_trainer_before_it_loads_anything(
 
 
 def es_row_keys(tmp_path: Path) -> set[str]:
-    """The keys of a real ES metrics row (one iteration of esgrpo.es on a tiny model)."""
+    """The keys of a real ES metrics row (one iteration of esgrpo.es.loop on a tiny model)."""
     import numpy as np
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from esgrpo.es import train_es
-    from esgrpo.es_backend import FitnessResult
-    from esgrpo.es_config import ESConfig
-    from esgrpo.hf_es import HFESBackend
+    from esgrpo.es.backend import FitnessResult
+    from esgrpo.es.hf_backend import HFESBackend
+    from esgrpo.es.loop import train_es
+    from esgrpo.es.settings import ESConfig
 
     config = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
                          num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=16)
@@ -418,10 +414,10 @@ def test_a_single_process_refuses_a_multi_process_setting(tmp_path):
 
 
 def test_train_run_launches_several_processes_through_accelerate(tmp_path, monkeypatch):
-    """num_processes > 1: the workflow's train stage hands the run to esgrpo.grpo_launch (one process per GPU)."""
-    from esgrpo import grpo_launch
+    """num_processes > 1: the workflow's train stage hands the run to esgrpo.grpo.launch (one process per GPU)."""
+    from esgrpo.grpo import launch as grpo_launch
     from esgrpo.io import write_json, write_jsonl
-    from esgrpo.pipeline.training import train_run
+    from esgrpo.workflow.stages.training import train_run
 
     write_jsonl(tmp_path / "train.jsonl", yesno_rows(8))
     write_json(tmp_path / "info.json", {"verifier": "yesno"})
@@ -473,9 +469,9 @@ _CHILD = textwrap.dedent("""
     import json, sys, time
     import torch
     torch.set_num_threads(1)
-    import esgrpo.grpo as grpo
-    from esgrpo.grpo import train_grpo
-    from esgrpo.grpo_settings import GRPOSettings
+    import esgrpo.grpo.trainer as grpo
+    from esgrpo.grpo.trainer import train_grpo
+    from esgrpo.grpo.settings import GRPOSettings
 
     model_dir, rows_path, out, progress, settings, slow = sys.argv[1:7]
     if slow == "1":  # slow each step so the parent can kill the run between two checkpoints

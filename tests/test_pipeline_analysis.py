@@ -1,4 +1,4 @@
-"""The analysis stages (esgrpo.pipeline.analysis) on tiny synthetic checkpoints with known deltas,
+"""The analysis stages (esgrpo.workflow.stages.analysis) on tiny synthetic checkpoints with known deltas,
 called directly with dicts, plus a dry run of every analysis target of the CI config."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ import yaml
 from conftest import REPO, run_workflow
 
 from esgrpo.analysis import settings as analysis_settings
-from esgrpo.evaluate import EvalSettings, evaluate_rows
+from esgrpo.engines.rollout import HFEngine
+from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
 from esgrpo.io import read_json, write_json, write_jsonl
-from esgrpo.models import TinyLlamaSpec, build_tiny_llama, load_model, save_model, train_tokenizer
-from esgrpo.pipeline import analysis as A
-from esgrpo.pipeline.theory import THEORY_COLUMNS, theory_stage
-from esgrpo.rewards import VERIFIERS
-from esgrpo.rollout import HFEngine
+from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
+from esgrpo.models.loading import load_model, save_model
+from esgrpo.tasks.rewards import VERIFIERS
+from esgrpo.workflow.stages import analysis as A
+from esgrpo.workflow.stages.theory import THEORY_COLUMNS, theory_stage
 
 TASKS = ("sum_yesno", "countdown3")
 EVAL = {"n_samples": 2, "test_size": 4, "greedy": True, "max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0,

@@ -142,7 +142,7 @@ def test_grpo_at_7b_needs_sharding_on_h200_and_qwen3_engine_is_bounded():
     assert settings["activation_checkpointing"] is True
     assert settings["vllm_max_model_length"] == grpo_7b.job.prompt_tokens + 2048
     # what the train stage gets: the run's settings with the plan's choices, valid GRPOSettings
-    from esgrpo.grpo_settings import GRPOSettings
+    from esgrpo.grpo.settings import GRPOSettings
     from esgrpo.runs import run_spec
 
     merged = grpo_7b.applied_to(run_spec(load("configs/paper_b.yaml"), "gsm8k", "grpo-g8-s0").settings)

@@ -19,8 +19,8 @@ from transformers import (  # noqa: E402
     Qwen2ForCausalLM,
 )
 
-from esgrpo import population as pop  # noqa: E402
-from esgrpo.population import (  # noqa: E402
+from esgrpo.engines import population as pop  # noqa: E402
+from esgrpo.engines.population import (  # noqa: E402
     PopulationWeights,
     population_generate,
     prepare_population,

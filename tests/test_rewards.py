@@ -14,8 +14,9 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from esgrpo import rewards  # noqa: E402
-from esgrpo.rewards import (  # noqa: E402
+from esgrpo.tasks import rewards  # noqa: E402
+from esgrpo.tasks.hub import gsm8k_gold, gsm8k_test_from_package  # noqa: E402
+from esgrpo.tasks.rewards import (  # noqa: E402
     VERIFIERS,
     grade_choice,
     grade_countdown,
@@ -25,7 +26,6 @@ from esgrpo.rewards import (  # noqa: E402
     last_boxed,
     reward,
 )
-from esgrpo.tasks.hub import gsm8k_gold, gsm8k_test_from_package  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
 # GSM8K gold answers from the packaged test split

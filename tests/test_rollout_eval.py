@@ -7,12 +7,12 @@ import math
 import pytest
 import torch
 
-from esgrpo.engines import PopulationEngine, local_engine
-from esgrpo.evaluate import EvalSettings, answer_key, evaluate_rows
-from esgrpo.models import TinyLlamaSpec, build_tiny_llama, train_tokenizer
-from esgrpo.rollout import HFEngine, eos_token_ids, id_list, lengths_through_eos
+from esgrpo.engines.local import PopulationEngine, local_engine
+from esgrpo.engines.rollout import HFEngine, eos_token_ids, id_list, lengths_through_eos
+from esgrpo.evaluation.evaluate import EvalSettings, answer_key, evaluate_rows
+from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
+from esgrpo.models.warmup import WarmupConfig, build_examples, wrong_format
 from esgrpo.tasks.offline import load_sum_yesno, worked_solution
-from esgrpo.warmup import WarmupConfig, build_examples, wrong_format
 
 
 @pytest.fixture(scope="module")
@@ -122,10 +122,10 @@ def test_warmup_examples_mask_the_prompt_and_follow_the_format_split(tiny):
 def test_evaluate_checkpoint_sizes_a_vllm_engine_for_its_longest_prompt(tiny, tmp_path, monkeypatch):
     """eval.backend vllm: one engine for every eval task of the checkpoint, its max_model_len the longest
     prompt over all tasks (chat template included) + eval.max_new_tokens; the engine block passes through."""
-    from esgrpo import vllm_engine
+    from esgrpo.engines import vllm_engine
+    from esgrpo.engines.vllm_engine import prompt_token_ids
     from esgrpo.io import read_json, write_json, write_jsonl
-    from esgrpo.pipeline.evaluation import evaluate_checkpoint
-    from esgrpo.vllm_engine import prompt_token_ids
+    from esgrpo.workflow.stages.evaluation import evaluate_checkpoint
 
     model, tokenizer, rows = tiny
     tokenizer.save_pretrained(tmp_path / "model")
@@ -167,14 +167,14 @@ def _vllm_outputs(rollouts) -> list:
 
 
 def test_sampled_nll_estimates_the_exact_entropy_at_temperature_one_only(tiny):
-    """vLLM's entropy on sampled rollouts (esgrpo.vllm_engine: the sampled tokens' -log p) against transformers'
+    """vLLM's entropy on sampled rollouts (esgrpo.engines.vllm_engine: the sampled tokens' -log p) against transformers'
     exact entropy at the same positions: within sampling error at temperature 1; at temperature 0.5 the
     sampled tokens are the likelier ones and -log p falls far below the entropy (why it is not used there)."""
     import copy
 
     import numpy as np
 
-    from esgrpo.vllm_engine import SAMPLED_NLL, entropy_estimator, rollouts_from_outputs
+    from esgrpo.engines.vllm_engine import SAMPLED_NLL, entropy_estimator, rollouts_from_outputs
 
     model, tokenizer, rows = tiny
     peaked = copy.deepcopy(model)

@@ -1,5 +1,5 @@
 """The SLURM profile, checked against a fake SLURM (sbatch records its arguments), and the
-workstation GPU slots (esgrpo.gpu_slots)."""
+workstation GPU slots (esgrpo.workflow.gpu_slots)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from esgrpo.gpu_slots import SLOTS_ENV, acquire, gpu_slots, parse_slots
+from esgrpo.workflow.gpu_slots import SLOTS_ENV, acquire, gpu_slots, parse_slots
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "slurm"
@@ -239,7 +239,7 @@ def test_slots_are_exclusive_and_all_or_nothing(tmp_path):
 def test_a_killed_holder_frees_its_slot(tmp_path):
     code = textwrap.dedent(f"""
         import sys, time
-        from esgrpo.gpu_slots import acquire
+        from esgrpo.workflow.gpu_slots import acquire
         lease = acquire(1, ["7"], {str(tmp_path)!r})
         print("held", flush=True)
         time.sleep(60)
@@ -278,7 +278,7 @@ def test_run_stage_holds_the_jobs_gpu_slots(tmp_path, monkeypatch):
     """The stage entry of every workflow script takes `resources.gpu` slots before the stage runs."""
     from types import SimpleNamespace
 
-    from esgrpo.workflow import run_stage
+    from esgrpo.workflow.bridge import run_stage
 
     class Named(dict):  # what Snakemake hands a script: items() and attribute access
         def __getattr__(self, key):
@@ -308,7 +308,7 @@ def test_run_stage_leaves_torch_unimported_for_stages_without_it(tmp_path):
     code = f"""
 import sys
 from types import SimpleNamespace
-from esgrpo.workflow import run_stage
+from esgrpo.workflow.bridge import run_stage
 
 class Named(dict):  # Snakemake's namedlists: a missing name is an AttributeError
     def __getattr__(self, key):

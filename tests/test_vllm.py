@@ -14,10 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from esgrpo.es import snapshot_dir, train_es
-from esgrpo.es_config import ESConfig
-from esgrpo.es_ops import member_seeds, tensor_noise
-from esgrpo.vllm_engine import (
+from esgrpo.engines.vllm_engine import (
     SAMPLED_NLL,
     VLLMEngine,
     entropy_estimator,
@@ -30,14 +27,18 @@ from esgrpo.vllm_engine import (
     sampling_kwargs,
     token_logprobs_and_entropies,
 )
-from esgrpo.vllm_es import (
+from esgrpo.engines.vllm_layout import fuse_state_dict, fused_noise, parts_of, unfuse_state_dict, vocab_rows
+from esgrpo.es.loop import snapshot_dir, train_es
+from esgrpo.es.ops import member_seeds
+from esgrpo.es.settings import ESConfig
+from esgrpo.es.vllm_backend import (
     ESWorkerExtension,
     VLLMESBackend,
     VLLMESPool,
     copy_model_metadata,
     population_fitness,
 )
-from esgrpo.vllm_layout import fuse_state_dict, fused_noise, parts_of, unfuse_state_dict, vocab_rows
+from esgrpo.noise import tensor_noise
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,7 +99,7 @@ def run_es_vllm(pool, model_ref, prompt_ids, rows, cfg, reward_fn, out_dir, prog
 
 
 def test_modules_import_without_vllm():
-    code = ("import sys, esgrpo.vllm_engine, esgrpo.vllm_es, esgrpo.vllm_layout, esgrpo.es, esgrpo.gpu_slots; "
+    code = ("import sys, esgrpo.engines.vllm_engine, esgrpo.es.vllm_backend, esgrpo.engines.vllm_layout, esgrpo.es.loop, esgrpo.workflow.gpu_slots; "
             "print('vllm' in sys.modules, 'ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
@@ -173,7 +174,7 @@ def test_perturb_restore_and_update_match_the_hf_layout_trainer():
 
     worker.es_perturb(77, 0.01, -1.0)
     name = "model.layers.1.mlp.gate_up_proj.weight"
-    # exactly esgrpo.es.perturbed_population's member: theta.add(eps, alpha=sign * sigma)
+    # exactly esgrpo.es.loop.perturbed_population's member: theta.add(eps, alpha=sign * sigma)
     expected = before[name].add(fused_noise(77, name, before[name].shape, model.config), alpha=-0.01)
     assert torch.equal(params[name], expected)
     worker.es_restore()
@@ -333,7 +334,7 @@ def loaded_worker(folder: Path, dtype: torch.dtype, **es_init) -> FakeWorker:
     with the ES extension initialised (`es_init`'s default: the master from the checkpoint)."""
     from transformers import AutoConfig
 
-    from esgrpo.tensor_files import TensorFiles
+    from esgrpo.models.tensor_files import TensorFiles
 
     config = AutoConfig.from_pretrained(folder)
     files = TensorFiles(folder)
@@ -606,7 +607,7 @@ def test_export_and_theta_checkpoints_stream_in_shards(tmp_path, monkeypatch):
 
 
 def test_context_length_is_prompt_plus_completion_and_checks_a_given_length():
-    from esgrpo.vllm_engine import context_length, engine_kwargs
+    from esgrpo.engines.vllm_engine import context_length, engine_kwargs
 
     assert context_length([3, 10, 7], 8) == 18
     assert context_length([3, 10, 7], 8, max_prompt_tokens=12) == 20  # the config's prompt limit
@@ -625,9 +626,9 @@ def test_train_run_dispatches_es_to_the_vllm_pool(tmp_path, monkeypatch):
     run's trainable patterns and a context of the longest prompt + max_new_tokens, tokenizes the prompts
     with its chat template and writes an HF run."""
     from esgrpo.io import read_json, read_jsonl, write_json, write_jsonl
-    from esgrpo.models import train_tokenizer
-    from esgrpo.pipeline.training import train_run
+    from esgrpo.models.default import train_tokenizer
     from esgrpo.tasks.base import make_row
+    from esgrpo.workflow.stages.training import train_run
 
     model = tiny_llama()
     base = tmp_path / "base"
@@ -667,7 +668,7 @@ def test_train_run_dispatches_es_to_the_vllm_pool(tmp_path, monkeypatch):
 
 def test_one_engine_is_built_in_process_without_ray(monkeypatch):
     """num_engines=1: the engine lives in the training job itself (one GPU, or vLLM's CPU build)."""
-    from esgrpo import vllm_es
+    from esgrpo.es import vllm_backend
 
     built = []
 
@@ -675,7 +676,7 @@ def test_one_engine_is_built_in_process_without_ray(monkeypatch):
         def __init__(self, *args):
             built.append(args)
 
-    monkeypatch.setattr(vllm_es, "VLLMESEngine", Engine)
+    monkeypatch.setattr(vllm_backend, "VLLMESEngine", Engine)
     monkeypatch.setitem(sys.modules, "ray", None)  # importing ray would fail
     pool = VLLMESPool.launch("m", num_engines=1, dtype="float32", seed=3, trainable=["*mlp*"], max_model_len=64)
     assert len(pool.engines) == 1 and isinstance(pool.engines[0], Engine)
@@ -756,7 +757,7 @@ def test_entropy_estimator_is_the_sampled_nll_only_when_sampling_the_reported_di
 
 def test_vllm_engine_generate_with_a_stand_in_llm(monkeypatch):
     """Chat template -> token ids (no second BOS), one request per prompt with n samples and its own seed."""
-    from esgrpo.evaluate import EvalSettings, evaluate_rows
+    from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
 
     class SamplingParams(dict):
         def __init__(self, **kw):
@@ -813,7 +814,7 @@ def test_vllm_engine_generate_with_a_stand_in_llm(monkeypatch):
 
 def test_es_engine_builds_vllm_without_prefix_caching(monkeypatch):
     """Perturbing weights in place invalidates cached prompt KV: the ES engine turns prefix caching off."""
-    from esgrpo.vllm_es import WORKER_EXTENSION, VLLMESEngine
+    from esgrpo.es.vllm_backend import WORKER_EXTENSION, VLLMESEngine
 
     built = {}
 
@@ -873,8 +874,8 @@ def real_engine(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
     from vllm import LLM
 
-    from esgrpo.models import train_tokenizer
-    from esgrpo.vllm_es import WORKER_EXTENSION
+    from esgrpo.es.vllm_backend import WORKER_EXTENSION
+    from esgrpo.models.default import train_tokenizer
 
     folder = tmp_path_factory.mktemp("vllm_model")
     tokenizer = train_tokenizer([f"what is {a} + {b}? the answer is \\boxed{{{a + b}}}" for a in range(30)
@@ -902,7 +903,7 @@ def _real_rows(k: int = 4) -> list[dict]:
 def test_real_vllm_engine_rollouts_match_transformers_greedy(real_engine):
     """Seeded samples repeat, log-probs are log-probs, and greedy decoding of the same prompts (the chat
     template rendered to ids, no second BOS) gives transformers' tokens."""
-    from esgrpo.rollout import HFEngine
+    from esgrpo.engines.rollout import HFEngine
 
     engine = VLLMEngine(str(real_engine.folder), llm=real_engine.llm, entropy_topk=5)
     rows = _real_rows()
@@ -1006,7 +1007,7 @@ def test_real_train_es_vllm_writes_a_loadable_run(real_engine, tmp_path):
     from the base is the logged one, and only the trainable layer moved."""
     from transformers import AutoModelForCausalLM
 
-    from esgrpo.vllm_es import VLLMESEngine
+    from esgrpo.es.vllm_backend import VLLMESEngine
 
     rows = _real_rows(6)
     ids = dict(zip([r["id"] for r in rows], prompt_token_ids(real_engine.tokenizer, rows), strict=True))

@@ -48,8 +48,28 @@ def test_the_dag_parse_imports_no_torch(tmp_path):
     assert not imported & {"torch", "transformers", "datasets", "vllm", "trl"}, sorted(imported & {"torch"})
 
 
-def test_no_import_circle_in_the_package():
-    """No esgrpo module imports (at module level or inside a function) one that imports it back."""
+# The package's rooms from the bottom up, as the data flows (tasks -> models -> ES / GRPO -> evaluation
+# -> analyses -> report), with the engines below the models that use them (the warm-up generates) and
+# the shared top-level modules at the bottom. `config` checks every room's settings, so it sits above
+# ES and GRPO. A module may import its own room or any lower one, never a higher one.
+LAYERS = [
+    {"esgrpo", "esgrpo.io", "esgrpo.provenance", "esgrpo.settings", "esgrpo.runs", "esgrpo.checkpoint",
+     "esgrpo.metrics", "esgrpo.noise"},
+    {"esgrpo.tasks"},
+    {"esgrpo.engines"},
+    {"esgrpo.models"},
+    {"esgrpo.es", "esgrpo.grpo"},
+    {"esgrpo.config"},
+    {"esgrpo.evaluation"},
+    {"esgrpo.analysis"},
+    {"esgrpo.plan"},
+    {"esgrpo.report"},
+    {"esgrpo.workflow"},
+]
+
+
+def package_imports() -> dict[str, set[str]]:
+    """Every esgrpo module -> the esgrpo modules it imports, at module level or inside a function."""
     import ast
 
     src = REPO / "src"
@@ -66,7 +86,33 @@ def test_no_import_circle_in_the_package():
                 found |= {a.name for a in node.names}
         return {m for m in found if m in modules and m != name}
 
-    graph = {name: imports(name) for name in modules}
+    return {name: imports(name) for name in modules}
+
+
+def layer_of(module: str) -> int:
+    """The room of a module: the longest prefix that LAYERS names."""
+    parts = module.split(".")
+    for end in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:end])
+        for rank, room in enumerate(LAYERS):
+            if prefix in room:
+                return rank
+    raise AssertionError(f"{module} is in no room of LAYERS: add it where it belongs")
+
+
+def test_no_import_from_a_lower_room_to_a_higher_one():
+    graph = package_imports()
+    upward = [f"{name} (room {layer_of(name)}) -> {dep} (room {layer_of(dep)})"
+              for name, deps in sorted(graph.items()) for dep in sorted(deps) if layer_of(dep) > layer_of(name)]
+    assert not upward, "\n".join(upward)
+    # the walk sees real edges (a test that finds no edge could not fail)
+    assert "esgrpo.es.backend" in graph["esgrpo.es.loop"]
+    assert "esgrpo.noise" in graph["esgrpo.engines.vllm_layout"]
+
+
+def test_no_import_circle_in_the_package():
+    """No esgrpo module imports (at module level or inside a function) one that imports it back."""
+    graph = package_imports()
     done: set[str] = set()
 
     def visit(name: str, path: list[str]) -> None:
@@ -160,7 +206,7 @@ def test_es_snapshot_is_a_run_of_its_own(ci_workflow):
     a_accuracy."""
     import pandas as pd
 
-    from esgrpo.pipeline.analysis import load_params
+    from esgrpo.workflow.stages.analysis import load_params
 
     tiny = ci_workflow / "tiny"
     for task in ("countdown3", "sum_yesno"):
@@ -186,7 +232,7 @@ def test_second_stages_start_from_the_first_stage_weights(ci_workflow):
     not the distance to the base."""
     import torch
 
-    from esgrpo.pipeline.analysis import load_params
+    from esgrpo.workflow.stages.analysis import load_params
 
     tiny = ci_workflow / "tiny"
     base = load_params(str(tiny / "base" / "model"))
@@ -233,7 +279,7 @@ def test_every_analysis_table_and_figure_is_made(ci_workflow):
     assert 1 in set(sequential["stage"])
 
 
-# wall-clock fields of a training curve's rows (esgrpo.es, esgrpo.grpo): the only bytes a rerun may change
+# wall-clock fields of a training curve's rows (esgrpo.es.loop, esgrpo.grpo.trainer): the only bytes a rerun may change
 WALL_CLOCK = ("seconds", "seconds_step")
 
 

@@ -1,5 +1,5 @@
-# Thin entry point: all logic lives in esgrpo.pipeline.models.convert_gguf_model.
-from esgrpo.workflow import run_stage
+# Thin entry point: all logic lives in esgrpo.workflow.stages.models.convert_gguf_model.
+from esgrpo.workflow.bridge import run_stage
 
 if __name__ == "__main__":  # vLLM's worker processes re-import this file (spawn): only run here
-    run_stage(snakemake, "esgrpo.pipeline.models:convert_gguf_model")  # noqa: F821
+    run_stage(snakemake, "esgrpo.workflow.stages.models:convert_gguf_model")  # noqa: F821

@@ -9,7 +9,7 @@ A trainer keeps what it needs to resume after a kill in its run's progress folde
 - `fingerprint`: a digest of what decides a run's trajectory (settings, rows, start weights); a
   folder holding another run's checkpoints is cleared on a fresh start, never resumed.
 - `ProgressFolder.write_checkpoint`: a checkpoint is filled under a temporary name, synced and
-  renamed, so it exists whole or not at all (TRL writes its own and `esgrpo.grpo` checks them).
+  renamed, so it exists whole or not at all (TRL writes its own and `esgrpo.grpo.trainer` checks them).
 - `WriterLock`: a second trainer on a held folder stops with the folder and the holder named (two
   writers would interleave checkpoints: docs/cluster.md says to `scancel` old jobs before restarting
   a driver). A lock whose holder is gone (same host and its process is dead, the same SLURM job

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from esgrpo.es_config import ESConfig
-from esgrpo.grpo_settings import GRPOSettings
+from esgrpo.es.settings import ESConfig
+from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.tasks.base import prompt_setting
 from esgrpo.tasks.registry import TASKS, get_task
 

@@ -1,6 +1,6 @@
 """Trainer settings as dataclasses: building them from a config mapping and checking their fields.
 
-ESConfig (`esgrpo.es_config`) and GRPOSettings (`esgrpo.grpo_settings`) share these so every bad
+ESConfig (`esgrpo.es.settings`) and GRPOSettings (`esgrpo.grpo.settings`) share these so every bad
 value is reported the same way: the class, the field, what is allowed and what was given.
 """
 

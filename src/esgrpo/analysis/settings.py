@@ -1,7 +1,7 @@
 """The `analysis:` config block: which geometry analyses run, and with what settings.
 
 Read when the workflow parses its DAG (rules/common.smk), so it imports nothing heavy; the stages
-themselves live in esgrpo.pipeline.analysis.
+themselves live in esgrpo.workflow.stages.analysis.
 """
 
 from __future__ import annotations

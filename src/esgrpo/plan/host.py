@@ -31,11 +31,11 @@ def _largest_tensor(arch: Architecture) -> int:
 
 def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: int,
            weight_dtype: str = "float32") -> dict[str, dict[str, int]]:
-    """Phases of `esgrpo.es.train_es` on the transformers backend, everything in host memory.
+    """Phases of `esgrpo.es.loop.train_es` on the transformers backend, everything in host memory.
 
-    `esgrpo.hf_es.HFESBackend` keeps the model, the fp32 starting point theta0 and the fp32
+    `esgrpo.es.hf_backend.HFESBackend` keeps the model, the fp32 starting point theta0 and the fp32
     master theta (two clones); an iteration adds the population (`memory.population_generation`);
-    the update (`esgrpo.es_ops.apply_update`) works one tensor at a time: its fp32 step, a noise
+    the update (`esgrpo.es.ops.apply_update`) works one tensor at a time: its fp32 step, a noise
     draw, and the float64 square for the norm. Loading maps the checkpoint file while the model is built.
     """
     p = arch.parameters
@@ -52,7 +52,7 @@ def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: 
 
 def grpo_cpu(arch: Architecture, *, completions: int, micro_batch: int, prompt: int,
              new: int) -> dict[str, dict[str, int]]:
-    """Phases of `esgrpo.grpo.train_grpo` (TRL, fp32, no checkpointing, as it runs on a CPU).
+    """Phases of `esgrpo.grpo.trainer.train_grpo` (TRL, fp32, no checkpointing, as it runs on a CPU).
 
     Steady state (from the second step on): the model, AdamW's two moments (allocated at the
     first optimiser step), and the metrics callback's fp32 theta0 copy; generation adds
@@ -77,7 +77,7 @@ def grpo_cpu(arch: Architecture, *, completions: int, micro_batch: int, prompt: 
 
 
 def eval_cpu(arch: Architecture, *, batch: int, prompt: int, new: int, weight_dtype: str) -> dict[str, dict[str, int]]:
-    """`esgrpo.rollout.HFEngine`: generate with output_logits keeps every step's [batch, vocab] fp32
+    """`esgrpo.engines.rollout.HFEngine`: generate with output_logits keeps every step's [batch, vocab] fp32
     logits (for the entropies) until the batch ends."""
     width = dtype_bytes(weight_dtype)
     return {"generate": {"process (Python, torch, transformers)": PROCESS_BASE["eval"],
@@ -96,8 +96,8 @@ def gpu_job_host(arch: Architecture, method: str, *, processes: int, engines: in
     """Host memory of a GPU job (estimates: nothing here was measured on a GPU node).
 
     grpo: every training process loads the fp32 model on the host before it moves to its GPU or
-    is sharded (`esgrpo.distributed.load_policy`); rank 0 keeps the metrics callback's two fp32
-    copies (theta0 and the pre-step copy, `esgrpo.distributed.host_copy`) and assembles the fp32
+    is sharded (`esgrpo.grpo.distributed.load_policy`); rank 0 keeps the metrics callback's two fp32
+    copies (theta0 and the pre-step copy, `esgrpo.grpo.distributed.host_copy`) and assembles the fp32
     export. es (vLLM): one host fp32 master per job (issue 12, item 4), the vLLM engine processes,
     the fp32 state dict of an export. eval: the engine's processes and the weights being loaded.
     """

@@ -56,7 +56,7 @@ MAX_MICRO_BATCH = 32
 # the GPU is still planned (check_fits tests against the whole GPU).
 PLAN_HEADROOM = 0.9
 # How GRPO shards its training state over more than one GPU: FSDP, which torch itself provides.
-# envs/gpu.yaml has no DeepSpeed (esgrpo.grpo_launch refuses zero3 without it), so the plan never
+# envs/gpu.yaml has no DeepSpeed (esgrpo.grpo.launch refuses zero3 without it), so the plan never
 # chooses ZeRO-3 even where it would shard the same state (GRPOSettings.sharding still allows it).
 MULTI_GPU_SHARDING = "fsdp"
 # SLURM time limit: the expected runtime x 1.5, plus 10 minutes (queue-side start, a slow node).
@@ -249,7 +249,7 @@ def _noise_bytes(arch: Architecture) -> int:
 
 
 def _plan_es_vllm(job: JobSpec, gpu: GpuType) -> JobPlan:
-    """ES with one vLLM engine per GPU (`esgrpo.vllm_es`): the engine, the fp32 master beside it."""
+    """ES with one vLLM engine per GPU (`esgrpo.es.vllm_backend`): the engine, the fp32 master beside it."""
     arch, engines = job.architecture, job.gpus or 1
     batched, max_seqs = _vllm_defaults(gpu)
     beside = {"ES fp32 master": 4 * arch.parameters, "ES noise of one tensor": _noise_bytes(arch)}
@@ -392,7 +392,7 @@ def _grpo_misfit(job: JobSpec, gpu: GpuType, gpus: int) -> str:
 
 
 def _plan_eval_vllm(job: JobSpec, gpu: GpuType) -> JobPlan:
-    """One vLLM engine generating prompts x samples (esgrpo.vllm_engine)."""
+    """One vLLM engine generating prompts x samples (esgrpo.engines.vllm_engine)."""
     arch = job.architecture
     batched, max_seqs = _vllm_defaults(gpu)
     total = job.prompts * job.samples
@@ -407,7 +407,7 @@ def _plan_eval_vllm(job: JobSpec, gpu: GpuType) -> JobPlan:
 
 
 def _hf_eval_parts(job: JobSpec, batch: int) -> dict[str, int]:
-    """`esgrpo.rollout.HFEngine` on a GPU: the model, generate's working set, and the per-step fp32
+    """`esgrpo.engines.rollout.HFEngine` on a GPU: the model, generate's working set, and the per-step fp32
     logits generate keeps for the entropies (output_logits) until the batch ends."""
     arch = job.architecture
     width = dtype_bytes(job.weight_dtype)

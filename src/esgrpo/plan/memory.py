@@ -168,7 +168,7 @@ def training_state(arch: Architecture, gpus: int, sharding: str) -> dict[str, in
     if sharding == "none" or gpus == 1:
         return {"training state (weights, grads, AdamW; 16 B/param)": TRAINING_STATE_BYTES_PER_PARAM * p}
     if sharding == "fsdp":
-        # accelerate's FSDP2 (esgrpo.grpo_launch, one unit per decoder layer); the gathered units and
+        # accelerate's FSDP2 (esgrpo.grpo.launch, one unit per decoder layer); the gathered units and
         # their gradients before the reduce-scatter are counted in fp32, an upper bound: under bf16
         # mixed precision they may be gathered in bf16 (estimate until scripts/gpu_smoke.sh measures it).
         return {
@@ -207,10 +207,10 @@ def hf_generation(arch: Architecture, sequences: int, prompt: int, new: int, act
 
 def population_generation(arch: Architecture, members: int, prompts: int, prompt: int, new: int,
                           weight_bytes: int) -> dict[str, int]:
-    """ES on the transformers backend (`esgrpo.population.population_generate`, all members at once).
+    """ES on the transformers backend (`esgrpo.engines.population.population_generate`, all members at once).
 
     Held together: the stacked member weights [N, *shape] in the model's dtype
-    (`esgrpo.es_ops.perturbed_population`); their fused fp32 layout (`prepare_population`), which
+    (`esgrpo.es.ops.perturbed_population`); their fused fp32 layout (`prepare_population`), which
     shares the embedding with the stack when both are fp32 and builds its own lm_head; the largest
     fusing intermediate (lm_head or a layer's gate/up block, before its transposed copy); the
     preallocated fp32 KV cache of N x B rows; the step's logits and their log-softmax.

@@ -311,7 +311,7 @@ def figure_sparsity_curves(data: StageInputs, output: dict) -> None:
 
 
 # Interpolation panels, in the order paper A reads them: the three lam paths (mode connectivity),
-# then the three directions scanned over the ES update's length (esgrpo.pipeline.analysis).
+# then the three directions scanned over the ES update's length (esgrpo.workflow.stages.analysis).
 INTERPOLATION_PANELS = {
     "base-es": ("base -> ES", "lambda (0 = base, 1 = ES)"),
     "base-grpo": ("base -> GRPO", "lambda (0 = base, 1 = GRPO)"),

@@ -142,7 +142,7 @@ def entropy_change(metrics: pd.DataFrame) -> pd.DataFrame:
 
 def entropy_labels(curves: pd.DataFrame) -> pd.Series:
     """Each row's method, with what its entropy is when not the exact one (the vLLM ES backend logs an
-    estimate or a bound: `esgrpo.vllm_engine.entropy_estimator`), so no line passes one off as the other."""
+    estimate or a bound: `esgrpo.engines.vllm_engine.entropy_estimator`), so no line passes one off as the other."""
     kinds = curves["entropy_estimator"] if "entropy_estimator" in curves else pd.Series("exact", index=curves.index)
     return pd.Series([m if pd.isna(k) or k == "exact" else f"{m} ({str(k).replace('_', ' ')})"
                       for m, k in zip(curves["method"], kinds, strict=True)], index=curves.index)

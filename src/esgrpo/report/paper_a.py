@@ -197,7 +197,7 @@ def build_a_heldout(data: StageInputs) -> pd.DataFrame:
 
 def _heldout_metrics(rows: pd.DataFrame) -> list[tuple[str, str]]:
     """(label, column) of one evaluation task's rows: greedy accuracy and mean@n; an lm-eval benchmark
-    (esgrpo.heldout_bench) has one value per prompt, its headline metric, in the greedy column."""
+    (esgrpo.evaluation.heldout) has one value per prompt, its headline metric, in the greedy column."""
     benchmark = rows["lm_eval_metric"].dropna() if "lm_eval_metric" in rows else pd.Series(dtype=object)
     if benchmark.empty:
         return [("greedy", "greedy"), ("mean@n", "mean@n")]

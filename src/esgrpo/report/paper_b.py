@@ -99,7 +99,7 @@ CAPTIONS = {
                   "(mean over the window of steps ending there); and the test-time sampling "
                   "entropy per token of the final checkpoints vs base (CI over seeds and prompts). Exact entropy "
                   "unless the method is labelled with its estimator (vLLM: sampled-token NLL at T=1, else a top-k "
-                  "lumped lower bound; esgrpo.vllm_engine.entropy_estimator). Paper B: GRPO collapses, ES stays "
+                  "lumped lower bound; esgrpo.engines.vllm_engine.entropy_estimator). Paper B: GRPO collapses, ES stays "
                   "stable."),
 }
 

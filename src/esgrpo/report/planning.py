@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from esgrpo.config import judged_on
-from esgrpo.heldout_bench import heldout_files
+from esgrpo.evaluation.heldout import heldout_files
 from esgrpo.runs import continual_stage_one, parse_run_name, planned_runs
 
 BASE = "base"  # the base model's evaluation folder and the "run" of its rows

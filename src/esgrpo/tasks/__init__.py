@@ -1,2 +1,6 @@
-"""Tasks: the row shape and verifier binding (base), their sources (offline generators, the Hub) and
-the one registry of task names (registry)."""
+"""Tasks: a task is a dataset plus its verifier. ``base`` (the row shape {id, prompt, answer, meta} and
+the verifier binding), ``offline`` (reasoning-gym generators for the embedded default), ``hub`` and
+``records`` (the papers' datasets from the Hub or a local copy, read so that they fail well),
+``registry`` (every task name bound to its loader and verifier; open it first) and ``rewards`` (the
+verifiers: pure functions that grade a completion).
+"""

@@ -65,7 +65,7 @@ def prompt_setting(prompt: dict | None, default_system: str | None,
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """A task name bound to a loader and a verifier name (see `esgrpo.rewards.VERIFIERS`)."""
+    """A task name bound to a loader and a verifier name (see `esgrpo.tasks.rewards.VERIFIERS`)."""
 
     name: str
     verifier: str

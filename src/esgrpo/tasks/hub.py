@@ -28,7 +28,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from esgrpo.rewards import last_boxed
 from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT, Row, make_row, prompt_setting
 from esgrpo.tasks.records import (
     ANSWER,
@@ -41,6 +40,7 @@ from esgrpo.tasks.records import (
     load_records,
     require,
 )
+from esgrpo.tasks.rewards import last_boxed
 
 SPLITS = ("train", "test")
 

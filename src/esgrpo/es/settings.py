@@ -1,0 +1,136 @@
+"""`ESConfig`: every setting of one ES run, each documented where it is declared.
+
+A light module (no torch, no transformers): `esgrpo.config.check_config` builds it to check a
+config before any job runs. The fields follow the shape of TRL's `GRPOConfig`: one
+``field(default=..., metadata={"help": ...})`` per setting. Defaults follow Qiu et al.
+(N=30-32, sigma 1e-3, alpha 5e-4; docs/references.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from esgrpo.settings import FieldCheck, SettingsDataclass
+from esgrpo.tasks.rewards import SCHEMES
+
+__all__ = ["ESConfig", "NORMALIZATIONS"]
+
+NORMALIZATIONS = ("zscore", "rank", "none")
+
+
+@dataclass
+class ESConfig(SettingsDataclass):
+    """Every setting of one ES run (`esgrpo.es.loop.train_es`).
+
+    The update is ``theta += alpha / N * sum_n w_n sign_n eps_n`` (no 1/sigma: it is folded into
+    alpha, as in the papers).
+    """
+
+    LABEL = "ES"
+    # Settings that do not change the trajectory: a run may be resumed with more iterations, other
+    # checkpoint and log intervals, or more snapshots.
+    NOT_FINGERPRINTED = ("iterations", "checkpoint_every", "log_every", "snapshots", "js_samples", "js_every")
+
+    population_size: int = field(default=32, metadata={
+        "help": "N, the members per iteration (antithetic: N/2 noise draws, each used with + and -)."})
+    sigma: float = field(default=1e-3, metadata={
+        "help": "Noise scale: member n has theta + sign_n * sigma * eps_n."})
+    alpha: float = field(default=5e-4, metadata={
+        "help": "Step size of theta += alpha / N * sum_n w_n sign_n eps_n (1/sigma folded in)."})
+    iterations: int = field(default=100, metadata={
+        "help": "ES iterations (one update each, unless every member scored the same)."})
+    prompts_per_iteration: int | None = field(default=64, metadata={
+        "help": "Prompts each member is scored on per iteration; None: every training row."})
+    resample_prompts: bool = field(default=True, metadata={
+        "help": "Draw a fresh prompt batch per iteration, seeded by (seed, iteration); false: the same "
+                "first `prompts_per_iteration` rows every time."})
+    normalization: str = field(default="zscore", metadata={
+        "help": f"Fitness shaping into update weights, one of {NORMALIZATIONS}: z-score (population std), "
+                "centred ranks in [-0.5, 0.5], or the raw fitness."})
+    # Off by default: paper B's public code defines only the z-score (docs/references.md), so nothing
+    # says its rank / raw ablation rescaled the weights; off, the ablation compares shaping and step size
+    # together (at N=16 a rank step is ~3.3x smaller than a z-scored one), on, the direction alone.
+    unit_rms_weights: bool = field(default=False, metadata={
+        "help": "Scale rank / raw ('none') weights to the z-score's second moment (sum w^2 = N) so that, at "
+                "the same alpha, every normalization takes steps of the same expected size and only the "
+                "direction differs; z-scores are unchanged. False: the unscaled weights (ranks in [-0.5, 0.5], "
+                "raw uncentred fitness)."})
+    antithetic: bool = field(default=False, metadata={
+        "help": "Mirrored sampling: members come in (+eps, -eps) pairs; needs an even population_size."})
+    fitness_temperature: float = field(default=0.0, metadata={
+        "help": "Sampling temperature of the fitness rollouts; 0 is greedy."})
+    fitness_top_p: float = field(default=1.0, metadata={
+        "help": "Nucleus (top-p) mass of sampled fitness rollouts (ignored when greedy)."})
+    # Paper B's population diversity (docs/references.md): member m's success probability p_mq on prompt
+    # q, the generalised JS divergence of the members' Bernoulli(p_mq), averaged over prompts
+    # (`esgrpo.metrics.population_js_diversity`). Greedy fitness makes p_mq the 0/1 outcome of the one
+    # fitness rollout, exactly. Sampled, one rollout is a 0/1 draw whose JS is the entropy of the batch's
+    # success rate even among identical members, so p_mq is estimated from js_samples rollouts: the
+    # fitness one and js_samples - 1 more, drawn from a seed of their own (the trajectory is the same
+    # for every value), every js_every iterations. The plug-in estimate still reads high by about the
+    # binary entropy's small-sample bias (identical members at p = 0.5: 0.15 nats with 4 samples,
+    # ln 2 = 0.69 with 1).
+    js_samples: int = field(default=4, metadata={
+        "help": "Sampled rollouts per member and prompt behind the population's JS diversity when fitness is "
+                "sampled (fitness_temperature > 0): the fitness rollout and js_samples - 1 more, not counted "
+                "in the run's rollouts. 1: the fitness rollout alone (a 0/1 proxy). Ignored when greedy."})
+    js_every: int = field(default=10, metadata={
+        "help": "Iterations between JS diversity measurements when fitness is sampled and js_samples > 1 "
+                "(the extra rollouts cost (js_samples - 1) / js_every of the fitness rollouts); other rows "
+                "log NaN. Greedy fitness measures it every iteration, at no extra cost."})
+    max_new_tokens: int = field(default=64, metadata={
+        "help": "Completion budget of one fitness rollout, in tokens."})
+    reward_scheme: str = field(default="binary", metadata={
+        "help": f"Reward of a completion, one of {SCHEMES} (esgrpo.tasks.rewards); read by the reward function "
+                "the caller wires into the backend, kept here so one config describes the run."})
+    format_bonus: float = field(default=0.0, metadata={
+        "help": "Reward added for a well-formatted answer (esgrpo.tasks.rewards), read like reward_scheme."})
+    seed: int = field(default=0, metadata={
+        "help": "Run seed (>= 0): every draw of iteration t (member seeds, prompts, rollouts) comes from "
+                "(seed, t), so a killed run resumes bit for bit."})
+    trainable: list[str] = field(default_factory=lambda: ["*"], metadata={
+        "help": "Glob patterns over parameter names (as `named_parameters` gives them); only matching "
+                "tensors are perturbed and updated. A lone string is taken as one pattern."})
+    checkpoint_every: int = field(default=10, metadata={
+        "help": "Iterations between checkpoints in the progress folder; 0: only the final one."})
+    log_every: int = field(default=1, metadata={
+        "help": "Iterations between log lines."})
+    snapshots: list[int] = field(default_factory=list, metadata={
+        "help": "Iterations after which the model is also exported (out_dir/snapshots/it{K}/model): the run "
+                "after K iterations is exactly a K-iteration run, so one run gives several budgets."})
+
+    def __post_init__(self) -> None:
+        check = FieldCheck(self)
+        check.integer("population_size", 2)
+        check.number("sigma", 0.0, low_open=True)
+        check.number("alpha", 0.0, low_open=True)
+        check.integer("iterations", 0)
+        if self.prompts_per_iteration is not None:
+            check.integer("prompts_per_iteration", 1)
+        check.boolean("resample_prompts")
+        check.boolean("antithetic")
+        check.choice("normalization", NORMALIZATIONS)
+        check.boolean("unit_rms_weights")
+        if self.antithetic and self.population_size % 2:
+            raise check.error("population_size", "must be even when antithetic is true (members come in +/- pairs)")
+        check.number("fitness_temperature", 0.0)  # 0 = greedy
+        check.number("fitness_top_p", 0.0, 1.0, low_open=True)
+        check.integer("js_samples", 1)
+        check.integer("js_every", 1)
+        check.integer("max_new_tokens", 1)
+        check.choice("reward_scheme", SCHEMES)
+        check.number("format_bonus")
+        check.integer("seed", 0)  # non-negative: it seeds numpy SeedSequences
+        if isinstance(self.trainable, str):  # a lone pattern from YAML; iterating it would glob per letter
+            self.trainable = [self.trainable]
+        if not isinstance(self.trainable, (list, tuple)) or not self.trainable \
+                or not all(isinstance(p, str) and p for p in self.trainable):
+            raise check.error("trainable", "must be a non-empty list of glob patterns over parameter names")
+        self.trainable = list(self.trainable)
+        check.integer("checkpoint_every", 0)
+        check.integer("log_every", 1)
+        if not isinstance(self.snapshots, (list, tuple)) or not all(
+                isinstance(k, int) and not isinstance(k, bool) and 1 <= k < self.iterations for k in self.snapshots):
+            raise check.error("snapshots", f"must be a list of iteration counts in 1..{self.iterations - 1} "
+                                           "(the final model is the run itself)")
+        self.snapshots = sorted(set(self.snapshots))

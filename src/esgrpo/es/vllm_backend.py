@@ -1,0 +1,517 @@
+"""ES inside vLLM: perturb, restore and update the weights every vLLM worker holds, with seeds only.
+
+The speed pattern of all public ES-for-LLM code (docs/references.md, "ES at scale"): one vLLM engine
+per GPU, the population spread over the engines, only seeds crossing process boundaries, and the
+weights perturbed in place through ``llm.collective_rpc``. This module does that without the known
+traps:
+
+- noise is `esgrpo.es.ops.tensor_noise` of the *Hugging Face* tensor name, generated in fp32 on the
+  weight's device; a tensor vLLM fuses gets its parts' noise concatenated (`esgrpo.engines.vllm_layout`), so
+  the trajectory is the same function of (seed, HF name) as on the transformers backend
+  (`esgrpo.es.hf_backend`; the same on any device type, CPU and CUDA streams differ);
+- each worker keeps an fp32 master copy theta, read from the checkpoint the engine loaded (never
+  from vLLM's bf16 weights: a stage that starts from an earlier stage's fp32 export keeps its small
+  updates); a member's weights are written from ``theta + sign * sigma * eps`` (restore = write theta
+  back: exact), and the update ``theta += alpha / N * sum_n w_n sign_n eps_n`` is
+  `esgrpo.es.ops.apply_update`, in fp32, once;
+- host memory: only engine 0 keeps theta0 (for distances), on the host; checkpoints and exports are
+  streamed tensor by tensor into safetensors shards (`esgrpo.models.tensor_files`), so no engine ever holds a
+  second full copy of the model on the host;
+- exports are in HF layout (`unfuse_items`), loadable by transformers.
+
+Pieces, top to bottom: `ESWorkerExtension` (mixed into each vLLM worker with
+``LLM(..., worker_extension_cls=WORKER_EXTENSION)``) -> `VLLMESPool` (several engines, one per GPU,
+as Ray actors; or any local objects with the same methods) -> the HF checkpoint export ->
+`VLLMESBackend`, the pool as an `esgrpo.es.backend.ESBackend` that `esgrpo.es.loop.train_es` drives.
+
+vllm and ray are imported only inside the functions that need them: this module imports anywhere.
+Limits: tensor parallelism 1 per engine (a shard would need a slice of each noise tensor);
+architectures whose fused tensors are qkv_proj / gate_up_proj (Llama, Qwen2, Qwen3, Mistral).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from esgrpo.engines.vllm_engine import (
+    NO_ENTROPY,
+    entropy_estimator,
+    logprobs_to_request,
+    sampling_kwargs,
+    token_logprobs_and_entropies,
+)
+from esgrpo.engines.vllm_layout import (
+    config_value,
+    fused_noise,
+    is_fused,
+    read_fused,
+    unfuse_items,
+    vocab_rows,
+)
+from esgrpo.es.backend import BackendStart, ESBackend, FitnessResult
+from esgrpo.es.ops import apply_update, member_weights, select_trainable
+from esgrpo.es.settings import ESConfig
+from esgrpo.io import atomic_directory
+from esgrpo.models.tensor_files import DEFAULT_SHARD_BYTES, TensorFiles, local_model_dir, write_shards
+
+Completion = tuple[str, int, float]  # a completion as it leaves an engine: (text, tokens, entropy sum)
+WORKER_EXTENSION = "esgrpo.es.vllm_backend.ESWorkerExtension"
+THETA_STEM = "theta"  # a checkpoint folder's theta*.safetensors (`es_save_theta`)
+
+# --------------------------------------------------------------------------- the worker extension
+
+
+class ESWorkerExtension:
+    """ES operations on one vLLM worker's weights, called with ``llm.collective_rpc("es_...", args=...)``.
+
+    vLLM mixes this class into its GPU worker (``worker_extension_cls``), where
+    ``self.model_runner.model`` is the live `torch.nn.Module`. Any object with a `model_runner`
+    holding `.model` (and `.model_config.hf_config`, or an `es_config` set here) works too,
+    which is how the CPU tests drive it. Seeds and scalars go in; scalars come out.
+    """
+
+    # -- access
+    def _es_model(self) -> torch.nn.Module:
+        return self.model_runner.model
+
+    def _es_hf_config(self) -> Any:
+        if getattr(self, "_es_config_override", None) is not None:
+            return self._es_config_override
+        for owner in (getattr(self, "vllm_config", None), self.model_runner):
+            model_config = getattr(owner, "model_config", None)
+            if model_config is not None and getattr(model_config, "hf_config", None) is not None:
+                return model_config.hf_config
+        raise AttributeError("no model_config.hf_config on this worker; pass hf_config to es_init")
+
+    def _es_model_ref(self) -> str:
+        for owner in (getattr(self, "vllm_config", None), self.model_runner, self):
+            model_config = getattr(owner, "model_config", None)
+            if getattr(model_config, "model", None):
+                return str(model_config.model)
+        raise AttributeError("no model_config.model on this worker: cannot find the checkpoint")
+
+    def _es_params(self) -> dict[str, torch.nn.Parameter]:
+        return dict(self._es_model().named_parameters())
+
+    def _es_unpack_cpu_linears(self) -> list[str]:
+        """Make vLLM's CPU backend compute its linear layers from the live `weight` Parameters.
+
+        On CPU, vLLM hands each linear layer's weight to a oneDNN / packed kernel
+        (``layer.cpu_linear``) and replaces ``layer.weight`` with an empty tensor, so in-place
+        writes would change nothing. Here the dropped weights are read back from the checkpoint
+        (fused as vLLM fuses them) and every such layer computes ``F.linear(x, layer.weight, b)``:
+        slower than the packed kernel, but perturbations take effect. No module has
+        ``cpu_linear`` on GPU, where this does nothing.
+        """
+        model = self._es_model()
+        packed = {name: m for name, m in model.named_modules() if hasattr(m, "cpu_linear")}
+        if not packed:
+            return []
+        # The emptied Parameter is a float32 torch.empty(0) whatever the model's dtype: take the
+        # dtype from a weight vLLM kept (the embedding always stays).
+        dtype = next(p.dtype for p in model.parameters() if p.numel() and p.is_floating_point())
+        dropped = [name for name, m in packed.items() if m.weight.numel() == 0]
+        if dropped:
+            files = self._es_checkpoint()
+            for name in dropped:
+                key, layer = f"{name}.weight", packed[name]
+                try:
+                    value = read_fused(key, files.get)
+                except KeyError as missing:
+                    raise KeyError(f"{key}: vLLM's CPU backend dropped it and the checkpoint does not hold it "
+                                   f"({missing})") from None
+                layer.weight = torch.nn.Parameter(value.to(device=layer.weight.device, dtype=dtype),
+                                                  requires_grad=False)
+        for layer in packed.values():
+            layer.cpu_linear = torch.nn.functional.linear
+            bias = getattr(layer, "bias", None)
+            if isinstance(bias, torch.Tensor) and bias.dtype != dtype:  # some packed kernels keep an fp32 bias
+                bias.data = bias.data.to(dtype)
+        return sorted(packed)
+
+    def _es_checkpoint(self) -> TensorFiles:
+        """The safetensors of the checkpoint this engine loaded, read one tensor at a time."""
+        if getattr(self, "_es_files", None) is None:
+            self._es_files = TensorFiles(local_model_dir(self._es_model_ref(), ["*.safetensors"]))
+        return self._es_files
+
+    @torch.no_grad()
+    def _es_read_master(self) -> None:
+        """theta <- the checkpoint's values in fp32, fused as vLLM fuses them, one tensor at a time.
+
+        vLLM's weights are the checkpoint cast to the engine's dtype (bf16): an fp32 checkpoint (an
+        earlier stage's export) would lose its last 16 bits there. Padding rows vLLM added to the
+        vocabulary keep their live values (the checkpoint has none).
+        """
+        files, config = self._es_checkpoint(), self._es_hf_config()
+
+        def read(hf_name: str) -> torch.Tensor:
+            tied = config_value(config, "tie_word_embeddings", False)
+            if hf_name == "lm_head.weight" and hf_name not in files and tied:
+                hf_name = next(n for n in files if n.endswith("embed_tokens.weight"))
+            return files.get(hf_name)
+
+        for name in self._es_names:
+            theta = self._es_theta[name]
+            rows = vocab_rows(name, tuple(theta.shape), config)
+            target = theta if rows is None else theta[:rows]
+            value = read_fused(name, read)
+            if tuple(value.shape) != tuple(target.shape):
+                raise ValueError(f"{name}: the checkpoint gives shape {tuple(value.shape)}, vLLM holds "
+                                 f"{tuple(target.shape)}")
+            target.copy_(value)  # to fp32, on theta's device
+
+    # -- state
+    def es_init(self, trainable: Sequence[str] = ("*",), keep_theta0: bool = True, hf_config: Any = None,
+                master: str = "checkpoint") -> dict[str, Any]:
+        """Take the fp32 master copy theta of the trainable tensors; theta0 (for distances) where asked.
+
+        master: "checkpoint" reads theta from the checkpoint the engine loaded (`_es_read_master`);
+        "weights" casts the live weights (exact only when the engine runs fp32: the CPU stand-ins).
+        keep_theta0: hold a host copy of the starting theta; a pool asks engine 0 only (one per job).
+        """
+        if master not in ("checkpoint", "weights"):
+            raise ValueError(f"master must be 'checkpoint' or 'weights', got {master!r}")
+        self._es_config_override = hf_config
+        self._es_unpack_cpu_linears()
+        params = self._es_params()
+        names = select_trainable(list(params), trainable)
+        self._es_names = names
+        self._es_theta = {n: params[n].detach().to(torch.float32, copy=True) for n in names}
+        if master == "checkpoint":
+            self._es_read_master()
+            self.es_restore()  # the live weights: theta cast to the engine's dtype, as vLLM loaded them
+        self._es_files = None  # close the checkpoint's memory maps
+        self._es_theta0 = {n: t.to("cpu", copy=True) for n, t in self._es_theta.items()} if keep_theta0 else None
+        return {"tensors": len(names), "parameters": self.es_parameter_count(),
+                "fused": sorted(n for n in names if is_fused(n))}
+
+    @torch.no_grad()
+    def es_perturb(self, seed: int, sigma: float, sign: float = 1.0) -> None:
+        """Weights <- theta + sign * sigma * eps(seed), computed in fp32 from the clean master."""
+        params, config = self._es_params(), self._es_hf_config()
+        for name in self._es_names:
+            theta = self._es_theta[name]
+            noise = fused_noise(int(seed), name, theta.shape, config, theta.device)
+            params[name].data.copy_(member_weights(theta, noise, float(sign), float(sigma)))  # cast on write
+
+    @torch.no_grad()
+    def es_restore(self) -> None:
+        """Weights <- theta exactly (no subtraction of noise)."""
+        params = self._es_params()
+        for name in self._es_names:
+            params[name].data.copy_(self._es_theta[name])
+
+    @torch.no_grad()
+    def es_apply_update(self, seeds_signs: Sequence[Sequence[float]], weights: Sequence[float],
+                        alpha: float) -> float:
+        """theta += alpha / N * sum_n w_n sign_n eps_n (fp32), then weights <- theta. Returns ||step||."""
+        config = self._es_hf_config()
+        norm = apply_update(self._es_theta, [(int(s), float(g)) for s, g in seeds_signs], weights, alpha,
+                            lambda seed, name, shape, device: fused_noise(seed, name, shape, config, device))
+        self.es_restore()
+        return norm
+
+    def es_distance_from_init(self) -> float:
+        if self._es_theta0 is None:
+            raise RuntimeError("this engine keeps no theta0 (es_init(keep_theta0=False)); ask engine 0")
+        return math.sqrt(sum(float((t.double() - self._es_theta0[n].to(t.device).double()).pow(2).sum())
+                             for n, t in self._es_theta.items()))
+
+    def es_parameter_count(self) -> int:
+        """d of the norm theory: the checkpoint's trainable parameters (vLLM's vocabulary padding left out)."""
+        config, total = self._es_hf_config(), 0
+        for name, t in self._es_theta.items():
+            rows = vocab_rows(name, tuple(t.shape), config)
+            total += t.numel() if rows is None else rows * (t.numel() // t.shape[0])
+        return int(total)
+
+    def es_shapes(self) -> dict[str, list[int]]:
+        """The trainable tensors' shapes as this engine holds them (fused, vocabulary padded)."""
+        return {n: list(t.shape) for n, t in self._es_theta.items()}
+
+    def es_checksum(self) -> float:
+        """A fingerprint of theta: engines that drifted apart give different values."""
+        return float(sum(float(t.double().sum()) + float(t.double().abs().sum()) * 1e-3
+                         for t in self._es_theta.values()))
+
+    def es_save_theta(self, folder: str, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> None:
+        """theta in vLLM layout, fp32, as theta*.safetensors in `folder` (a resumable checkpoint), streamed."""
+        write_shards(self._es_theta.items(), folder, THETA_STEM, max_shard_bytes)
+
+    @torch.no_grad()
+    def es_load_theta(self, folder: str) -> None:
+        """theta <- the checkpoint `es_save_theta` wrote, one tensor at a time."""
+        files = TensorFiles(folder, f"{THETA_STEM}*.safetensors")
+        if set(files.keys()) != set(self._es_names):
+            raise ValueError(f"{folder}: tensors differ from this engine's trainable set")
+        for name in self._es_names:
+            self._es_theta[name].copy_(files.get(name))
+        self.es_restore()
+
+    @torch.no_grad()
+    def es_export_hf(self, folder: str, dtype: str = "float32",
+                     max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[str]:
+        """Every weight of the model (theta where trainable) in HF layout, as model*.safetensors in `folder`.
+
+        One tensor reaches the host at a time, cast to `dtype`; shards are written as they fill.
+        """
+        cast, params = getattr(torch, dtype), self._es_params()
+        live = ((n, self._es_theta[n] if n in self._es_theta else p.detach()) for n, p in params.items())
+        pieces = unfuse_items(live, self._es_hf_config(), list(params))
+        hf = ((name, tensor.to("cpu", cast)) for name, tensor in pieces)
+        return sorted(write_shards(hf, folder, "model", max_shard_bytes, metadata={"format": "pt"}))
+
+
+# --------------------------------------------------------------------------- engines and the pool
+
+
+def _is_ray_ref(value: Any) -> bool:
+    return type(value).__name__ == "ObjectRef"
+
+
+def _call(engine: Any, method: str, *args: Any) -> Any:
+    """Call `method` on an engine: a Ray actor handle (returns a future) or a plain object."""
+    fn = getattr(engine, method)
+    return fn.remote(*args) if hasattr(fn, "remote") else fn(*args)
+
+
+def _wait(results: list[Any]) -> list[Any]:
+    if any(_is_ray_ref(r) for r in results):
+        import ray
+
+        return ray.get(results)
+    return results
+
+
+class VLLMESEngine:
+    """One vLLM engine with the ES extension; run as a Ray actor (one GPU) by `VLLMESPool.launch`.
+
+    ``llm`` may be an existing `vllm.LLM` built with ``worker_extension_cls=WORKER_EXTENSION`` and
+    prefix caching off (a local engine, e.g. on vLLM's CPU build); otherwise one is built.
+    """
+
+    def __init__(self, model_ref: str, dtype: str = "bfloat16", seed: int = 0,
+                 trainable: Sequence[str] = ("*",), llm_kwargs: Mapping[str, Any] | None = None, llm: Any = None,
+                 keep_theta0: bool = True):
+        if llm is None:
+            from vllm import LLM
+
+            # Prefix caching would hand member n+1 the prompt KV computed under member n's weights:
+            # off by default (perturbing weights in place invalidates every cached block).
+            kwargs = {"gpu_memory_utilization": 0.6, "enable_prefix_caching": False, **dict(llm_kwargs or {})}
+            llm = LLM(model=str(model_ref), dtype=dtype, seed=int(seed), tensor_parallel_size=1,
+                      worker_extension_cls=WORKER_EXTENSION, **kwargs)
+        self.llm = llm
+        self.info = self.rpc("es_init", list(trainable), bool(keep_theta0))
+
+    def rpc(self, method: str, *args: Any) -> Any:
+        return self.llm.collective_rpc(method, args=tuple(args))[0]
+
+    def evaluate_member(self, seed: int, sign: float, sigma: float, prompt_ids: Sequence[Sequence[int]],
+                        sampling: Mapping[str, Any], sampling_seed: int | None,
+                        estimator: str = NO_ENTROPY) -> list[Completion]:
+        """(text, generated tokens, entropy sum) per prompt for member theta + sign * sigma * eps(seed).
+
+        The entropy sum adds the completion's per-token values under `estimator`
+        (`esgrpo.engines.vllm_engine.entropy_estimator`; the top-k is ``sampling["logprobs"]``): only three
+        numbers per completion leave the engine, never its log-probs.
+        """
+        from vllm import SamplingParams
+
+        self.rpc("es_perturb", int(seed), float(sigma), float(sign))
+        try:
+            params = [SamplingParams(**sampling, seed=None if sampling_seed is None else sampling_seed + i)
+                      for i in range(len(prompt_ids))]
+            outputs = self.llm.generate([{"prompt_token_ids": list(ids)} for ids in prompt_ids], params,
+                                        use_tqdm=False)
+        finally:
+            self.rpc("es_restore")
+        topk = int(sampling.get("logprobs") or 0)
+        completions = [o.outputs[0] for o in outputs]
+        return [(c.text, len(c.token_ids),
+                 float(sum(token_logprobs_and_entropies(list(c.token_ids), c.logprobs, estimator, topk)[1])))
+                for c in completions]
+
+
+class VLLMESPool:
+    """A population spread over engines; every engine holds the same theta (checked by checksum).
+
+    `engines` are Ray actor handles of `VLLMESEngine` (`launch`) or plain objects with the methods
+    ``rpc(method, *args)`` and ``evaluate_member(seed, sign, sigma, prompt_ids, sampling, seed0, estimator)``.
+    """
+
+    def __init__(self, engines: Sequence[Any]):
+        if not engines:
+            raise ValueError("a pool needs at least one engine")
+        self.engines = list(engines)
+
+    @classmethod
+    def launch(cls, model_ref: str, num_engines: int | None = None, dtype: str = "bfloat16", seed: int = 0,
+               trainable: Sequence[str] = ("*",), **llm_kwargs: Any) -> VLLMESPool:
+        """One engine per GPU as Ray actors (``num_engines`` defaults to the GPUs Ray sees).
+
+        ``num_engines=1`` builds the one engine in this process instead: no Ray needed (one GPU, or
+        vLLM's CPU build). Only engine 0 keeps theta0 (the distances' reference): one host copy per job.
+        """
+        if num_engines == 1:
+            return cls([VLLMESEngine(model_ref, dtype, seed, list(trainable), llm_kwargs)])
+        import ray
+
+        if not ray.is_initialized():
+            # A Ray cluster of this job's own, over the GPUs it was given (CUDA_VISIBLE_DEVICES): never one
+            # named by an inherited RAY_ADDRESS or a `ray start` on the node (SLURM passes the environment on).
+            ray.init(address="local", ignore_reinit_error=True, include_dashboard=False)
+        count = int(num_engines or ray.available_resources().get("GPU", 0))
+        if count < 1:
+            raise RuntimeError("no GPU visible to Ray: the vLLM ES pool needs at least one")
+        actor = ray.remote(num_gpus=1)(VLLMESEngine)
+        return cls([actor.remote(model_ref, dtype, seed, list(trainable), llm_kwargs, None, i == 0)
+                    for i in range(count)])
+
+    def rpc_all(self, method: str, *args: Any) -> list[Any]:
+        return _wait([_call(e, "rpc", method, *args) for e in self.engines])
+
+    def rpc_one(self, method: str, *args: Any) -> Any:
+        return _wait([_call(self.engines[0], "rpc", method, *args)])[0]
+
+    def generate_population(self, seeds_signs: Sequence[tuple[int, float]], sigma: float,
+                            prompt_ids: Sequence[Sequence[int]], sampling: Mapping[str, Any],
+                            sampling_seed: int | None, estimator: str = NO_ENTROPY) -> list[list[Completion]]:
+        """Per member, per prompt (text, tokens, entropy sum); member n runs on engine n mod E (E at a time)."""
+        futures = [_call(self.engines[n % len(self.engines)], "evaluate_member", int(seed), float(sign),
+                         float(sigma), prompt_ids, dict(sampling),
+                         None if sampling_seed is None else int(sampling_seed), estimator)
+                   for n, (seed, sign) in enumerate(seeds_signs)]
+        return _wait(futures)
+
+    def apply_update(self, seeds_signs: Sequence[tuple[int, float]], weights: Sequence[float],
+                     alpha: float) -> float:
+        pairs = [[int(s), float(g)] for s, g in seeds_signs]
+        norms = self.rpc_all("es_apply_update", pairs, [float(w) for w in weights], float(alpha))
+        return float(norms[0])
+
+    def check_in_sync(self) -> float:
+        sums = self.rpc_all("es_checksum")
+        if any(not math.isclose(s, sums[0], rel_tol=0, abs_tol=0) for s in sums):
+            raise RuntimeError(f"ES engines disagree on theta (checksums {sums})")
+        return float(sums[0])
+
+
+def population_fitness(completions: Sequence[Sequence[Completion]], rows: Sequence[dict],
+                       reward_fn: Callable[[str, dict], float], estimator: str = NO_ENTROPY) -> FitnessResult:
+    """Fitness (mean reward per member), success flags, token counts and the token-weighted mean entropy
+    (under `estimator`, as the transformers backend weights its exact one) from a population's completions."""
+    rewards = np.zeros((len(completions), len(rows)))
+    tokens, entropy_sum = 0, 0.0
+    for n, member in enumerate(completions):
+        if len(member) != len(rows):
+            raise ValueError(f"member {n}: {len(member)} completions for {len(rows)} prompts")
+        for b, ((text, count, entropy), row) in enumerate(zip(member, rows, strict=True)):
+            rewards[n, b] = float(reward_fn(text, row))
+            tokens += int(count)
+            entropy_sum += float(entropy)
+    return FitnessResult(fitness=rewards.mean(axis=1), success=rewards >= 1.0, generated_tokens=tokens,
+                         entropy=entropy_sum / tokens if tokens else math.nan, entropy_estimator=estimator,
+                         rollouts=int(rewards.size))
+
+
+# --------------------------------------------------------------------------- HF checkpoint
+
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".index.json", ".msgpack", ".h5")
+
+
+def copy_model_metadata(model_ref: str, out_dir: str | os.PathLike, dtype: str = "float32") -> None:
+    """config, generation config, tokenizer and chat template of `model_ref` (folder or Hub id), no weights.
+
+    The config's dtype is set to the exported one, so `from_pretrained(dtype="auto")` keeps fp32.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = local_model_dir(model_ref, ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.py"])
+    for path in source.iterdir():
+        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copy2(path, out_dir / path.name)
+    config_path = out_dir / "config.json"
+    if config_path.exists():
+        config = json.loads(config_path.read_text())
+        config.pop("quantization_config", None)
+        for key in ("torch_dtype", "dtype"):
+            if key in config:
+                config[key] = dtype
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+
+
+def export_hf_checkpoint(pool: VLLMESPool, model_ref: str, out_dir: str | os.PathLike,
+                         dtype: str = "float32") -> None:
+    """The pool's theta as a transformers-loadable folder (written whole under a temporary name)."""
+    with atomic_directory(out_dir) as tmp:
+        copy_model_metadata(model_ref, tmp, dtype)
+        pool.rpc_one("es_export_hf", str(tmp), dtype)
+
+
+# --------------------------------------------------------------------------- the backend
+
+
+class VLLMESBackend(ESBackend):
+    """The pool as the ES trainer's backend (`es.backend: vllm`).
+
+    prompt_ids: row id -> chat-formatted prompt token ids (`esgrpo.engines.vllm_engine.prompt_token_ids`);
+    reward_fn(completion_text, row) -> float. The pool's engines must have run ``es_init`` on the
+    starting weights (`VLLMESPool.launch` does); checkpoints hold theta in vLLM layout, fp32; exports
+    are HF layout in `export_dtype`. The metrics' entropy is not the transformers backend's exact one
+    but what the fitness rollouts' log-probs give (`esgrpo.engines.vllm_engine.entropy_estimator`: a
+    Monte-Carlo estimate when fitness samples at temperature 1, else the lumped top-`entropy_topk`
+    lower bound), named in each metrics row's ``entropy_estimator``.
+    """
+
+    name = "vllm"
+
+    def __init__(self, pool: VLLMESPool, model_ref: str, prompt_ids: Mapping[str, Sequence[int]],
+                 reward_fn: Callable[[str, dict], float], export_dtype: str = "float32", entropy_topk: int = 20):
+        self.pool, self.model_ref, self.prompt_ids = pool, str(model_ref), prompt_ids
+        self.reward_fn, self.export_dtype, self.entropy_topk = reward_fn, export_dtype, int(entropy_topk)
+
+    def start(self, cfg: ESConfig) -> BackendStart:
+        # The engines loaded the start model themselves: its reference names the start.
+        return BackendStart(parameters=int(self.pool.rpc_one("es_parameter_count")),
+                            tensors=len(self.pool.rpc_one("es_shapes")), identity={"model": self.model_ref})
+
+    def evaluate(self, seeds_signs: Sequence[tuple[int, float]], batch: Sequence[dict], cfg: ESConfig,
+                 rollout_seed: int) -> FitnessResult:
+        estimator = entropy_estimator(cfg.fitness_temperature, cfg.fitness_top_p, self.entropy_topk)
+        sampling = sampling_kwargs(1, cfg.fitness_temperature, cfg.fitness_top_p, cfg.max_new_tokens,
+                                   logprobs=logprobs_to_request(estimator, self.entropy_topk))
+        completions = self.pool.generate_population(
+            seeds_signs, cfg.sigma, [self.prompt_ids[r["id"]] for r in batch], sampling,
+            rollout_seed if cfg.fitness_temperature > 0 else None, estimator)
+        return population_fitness(completions, batch, self.reward_fn, estimator)
+
+    def apply_update(self, seeds_signs: Sequence[tuple[int, float]], weights: np.ndarray, alpha: float) -> float:
+        return self.pool.apply_update(seeds_signs, weights, alpha)
+
+    def distance_from_init(self) -> float:
+        return float(self.pool.rpc_one("es_distance_from_init"))
+
+    def save_state(self, folder: Path) -> None:
+        self.pool.check_in_sync()  # engine 0 saves for all
+        self.pool.rpc_one("es_save_theta", str(folder))
+
+    def load_state(self, folder: Path) -> None:
+        self.pool.rpc_all("es_load_theta", str(folder))
+
+    def export(self, model_dir: Path) -> None:
+        self.pool.check_in_sync()  # engine 0 exports for all
+        export_hf_checkpoint(self.pool, self.model_ref, model_dir, self.export_dtype)
+
+    def summary(self) -> dict[str, Any]:
+        return {"engines": len(self.pool.engines)}

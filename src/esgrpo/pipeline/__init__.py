@@ -1,1 +1,0 @@
-"""Stage functions called by the workflow scripts: read inputs, compute, write outputs atomically."""

@@ -1,0 +1,547 @@
+"""The project's one set of verifiers: pure functions that grade a COMPLETION (never prompt+completion).
+
+Grading the completion alone matters: a prompt that shows an example `\\boxed{}` or `<answer>` tag
+would otherwise earn format credit for text the model never wrote.
+
+Every grader returns False for anything it cannot read, and none of them may hang: a rollout
+batch holds thousands of completions and one pathological answer must not stall ES or GRPO.
+
+Math answers go through math-verify. Its own timeouts use SIGALRM, which works only in the main
+thread; from any other thread the parse/verify runs in a helper process (``python -m
+esgrpo.tasks.rewards --serve``) that is killed when it runs past a hard time limit.
+"""
+
+from __future__ import annotations
+
+import ast
+import atexit
+import functools
+import json
+import os
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "SCHEMES",
+    "VERIFIERS",
+    "grade_choice",
+    "grade_countdown",
+    "grade_math",
+    "grade_yesno",
+    "has_box",
+    "last_boxed",
+    "reward",
+]
+
+# ----------------------------------------------------------------------------------------------
+# \boxed{...} extraction
+
+_BOX_OPEN = re.compile(r"\\boxed\s*\{")
+
+
+def _boxed_spans(text: str) -> list[tuple[int, int, int]]:
+    """(start of `\\boxed`, start of content, end of content) of every balanced `\\boxed{...}`.
+
+    One left-to-right pass with a brace stack, so an input such as `\\boxed{` * 10000 costs
+    linear time. Escaped braces `\\{` and `\\}` are literal characters in LaTeX (sets), so they
+    neither open nor close a group.
+    """
+    opens = {m.end() - 1: m.start() for m in _BOX_OPEN.finditer(text)}
+    if not opens:
+        return []
+    spans = []
+    stack: list[int] = []  # positions of "{" (only those of a \boxed matter)
+    i, n = 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\\" and i + 1 < n and text[i + 1] in "{}":
+            i += 2
+            continue
+        if ch == "{":
+            stack.append(i)
+        elif ch == "}" and stack:
+            pos = stack.pop()
+            if pos in opens:
+                spans.append((opens[pos], pos + 1, i))
+        i += 1
+    spans.sort()
+    return spans
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` whose braces balance, or None."""
+    if "boxed" not in text:  # fast exit: most graders call this first
+        return None
+    spans = _boxed_spans(text)
+    if not spans:
+        return None
+    _, start, end = spans[-1]
+    return text[start:end]
+
+
+def has_box(completion: str) -> bool:
+    """Whether the completion contains a complete `\\boxed{...}`."""
+    return last_boxed(completion) is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# Math (math-verify, with a fast numeric pre-check)
+
+# Past this many characters of answer text, parsing costs more than any real answer needs.
+_MAX_PRED_CHARS = 2000
+_MAX_BOX_CHARS = 1000
+# math-verify's own (SIGALRM) limits in the main thread, in whole seconds as signal.alarm needs.
+_MV_PARSE_TIMEOUT = 2
+_MV_VERIFY_TIMEOUT = 2
+# Hard limit for one check in the helper process (used outside the main thread).
+_WORKER_TIMEOUT_S = 8.0
+_WORKER_STARTUP_S = 30.0  # imports of sympy/math-verify on a busy 2-core machine take seconds
+
+_NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
+# Answer phrasings that the fast path reads when the completion has no \boxed{}.
+_ANSWER_PHRASES = re.compile(
+    r"(?:####|answer\s*(?:is|:)|answer\s+is\s*:)\s*\$?\s*(?:\\\$)?\s*([+-]?[\d.,]*\d)", re.IGNORECASE
+)
+# Answers whose evaluation sympy cannot finish: power towers, huge exponents, huge factorials.
+# (Only `^`: a `**` pattern would also match markdown bold such as "**72**".)
+_POWER_TOWER = re.compile(r"\^\s*[{(]\s*[\d.]+\s*\^|\^\s*[\d.]+\s*\^")
+_HUGE_EXPONENT = re.compile(r"\^\s*[{(]?\s*\d{5,}")
+_HUGE_FACTORIAL = re.compile(r"\d{4,}\s*!")
+
+
+def _as_number(text: str) -> Fraction | None:
+    """A plain number written as `72`, `-3.5`, `1,000`, `$72`, `72.` -> exact Fraction; else None."""
+    s = text.strip()
+    s = _TEXT_WRAP.sub(r"\1", s)
+    for junk in ("\\$", "$", "\\!", "\\,", "{,}", "\\ "):
+        s = s.replace(junk, "" if junk != "{,}" else ",")
+    s = s.strip().rstrip(".").strip()
+    if not s or _NUMBER.fullmatch(s) is None:
+        return None
+    try:
+        return Fraction(Decimal(s.replace(",", "")))
+    except (InvalidOperation, ValueError):
+        return None
+
+
+def _fast_math(completion: str, box: str | None, gold: str) -> bool | None:
+    """Decide cheaply when both the answer and the gold are plain numbers; None = undecided.
+
+    A boxed plain number is decisive either way (math-verify also reads the box first). An
+    unboxed "The answer is N" / "#### N" only decides a match; a mismatch goes to math-verify.
+    """
+    gold_value = _as_number(gold)
+    if gold_value is None:
+        return None
+    if box is not None:
+        value = _as_number(box)
+        return None if value is None else value == gold_value
+    matches = _ANSWER_PHRASES.findall(completion[-_MAX_PRED_CHARS:])
+    if matches:
+        value = _as_number(matches[-1])
+        if value is not None and value == gold_value:
+            return True
+    return None
+
+
+def _pathological(text: str) -> bool:
+    """Answers whose symbolic evaluation could run for minutes or exhaust memory."""
+    return bool(_POWER_TOWER.search(text) or _HUGE_EXPONENT.search(text) or _HUGE_FACTORIAL.search(text))
+
+
+def _prediction_text(completion: str, box: str | None) -> str | None:
+    """The text math-verify parses: the last box if any, else the completion's tail."""
+    if box is not None:
+        if len(box) > _MAX_BOX_CHARS:
+            return None
+        text = "\\boxed{" + box + "}"
+    else:
+        text = completion[-_MAX_PRED_CHARS:]
+    return None if _pathological(text) else text
+
+
+def _gold_text(gold: str) -> str:
+    # Wrapping in \boxed{} makes math-verify read LaTeX golds such as \frac{1}{2} as LaTeX.
+    gold = gold.strip()
+    return gold if "boxed" in gold else "\\boxed{" + gold + "}"
+
+
+@lru_cache(maxsize=1 << 16)
+def _parse_gold_main(gold: str) -> tuple:
+    from math_verify import parse
+
+    return tuple(parse(_gold_text(gold), parsing_timeout=_MV_PARSE_TIMEOUT))
+
+
+def _mv_check_main_thread(pred_text: str, gold: str) -> bool:
+    """math-verify with its own SIGALRM time limits (main thread only)."""
+    from math_verify import parse, verify
+
+    gold_parsed = _parse_gold_main(gold)
+    if not gold_parsed:
+        return False
+    pred = parse(pred_text, parsing_timeout=_MV_PARSE_TIMEOUT)
+    if not pred:
+        return False
+    return bool(verify(list(gold_parsed), pred, timeout_seconds=_MV_VERIFY_TIMEOUT))
+
+
+class _VerifyWorker:
+    """A helper process running math-verify for calls made outside the main thread.
+
+    A separate process (not a thread) because sympy can sit in one long computation that no
+    thread can interrupt; killing the process is the only reliable stop. It is started with
+    `python -m esgrpo.tasks.rewards --serve` rather than multiprocessing, whose spawn/forkserver
+    start methods re-import the caller's __main__ (a Snakemake script without a main guard
+    would run again) and whose fork method is unsafe in a threaded process.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._buffer = b""
+        self._answered = False  # the first answer of a new helper also pays its start-up
+
+    def _start(self) -> subprocess.Popen:
+        env = dict(os.environ)
+        src = str(Path(__file__).resolve().parents[1])  # the folder holding the esgrpo package
+        env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("OMP_NUM_THREADS", "1")
+        self._buffer = b""
+        self._answered = False
+        return subprocess.Popen(
+            [sys.executable, "-m", "esgrpo.tasks.rewards", "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.wait()
+            for pipe in (self._proc.stdin, self._proc.stdout):
+                if pipe is not None:
+                    pipe.close()
+        self._proc = None
+        self._buffer = b""
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        assert self._proc is not None and self._proc.stdout is not None
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:  # the helper died
+                return None
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def check(self, pred_text: str, gold: str, timeout_s: float) -> bool:
+        """True/False from the helper; False when it errs, dies or runs past `timeout_s`."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._kill()
+                self._proc = self._start()
+            request = json.dumps({"pred": pred_text, "gold": gold}) + "\n"
+            try:
+                assert self._proc.stdin is not None
+                self._proc.stdin.write(request.encode())
+                self._proc.stdin.flush()
+            except (BrokenPipeError, OSError):
+                self._kill()
+                return False
+            # The first request also pays the helper's start-up (imports of sympy/math-verify).
+            limit = timeout_s if self._answered else timeout_s + _WORKER_STARTUP_S
+            line = self._read_line(time.monotonic() + limit)
+            if line is None:
+                self._kill()
+                return False
+            try:
+                ok = bool(json.loads(line)["ok"])
+            except (ValueError, KeyError):
+                self._kill()
+                return False
+            self._answered = True
+            return ok
+
+    def close(self) -> None:
+        with self._lock:
+            self._kill()
+
+
+_WORKER = _VerifyWorker()
+atexit.register(_WORKER.close)
+
+
+def _mv_check_other_thread(pred_text: str, gold: str) -> bool:
+    return _WORKER.check(pred_text, gold, _WORKER_TIMEOUT_S)
+
+
+# A pure function of two strings, called for every sample; at small scale most samples repeat an
+# answer (a 32-sample evaluation of one checkpoint grades ~2,000 completions, ~400 of them reach
+# math-verify at ~12 ms each, measured): remember the verdicts.
+@functools.lru_cache(maxsize=1 << 16)
+def grade_math(completion: str, gold: str) -> bool:
+    """Whether the completion's final answer equals `gold` (math-verify semantics).
+
+    Accepts `\\boxed{72}`, "The answer is 72", `#### 72`, fractions, "1,000". Plain-number
+    answers are decided by an exact numeric comparison first; everything else by math-verify.
+    """
+    gold = str(gold).strip()
+    if not gold or not completion:
+        return False
+    box = last_boxed(completion)
+    fast = _fast_math(completion, box, gold)
+    if fast is not None:
+        return fast
+    pred_text = _prediction_text(completion, box)
+    if pred_text is None:
+        return False
+    if threading.current_thread() is threading.main_thread():
+        try:
+            return _mv_check_main_thread(pred_text, gold)
+        except Exception:  # math-verify's own failures (it raises on some inputs) mean "wrong"
+            return False
+    return _mv_check_other_thread(pred_text, gold)
+
+
+def _serve() -> None:
+    """Helper-process loop: one JSON request per stdin line, one JSON answer per stdout line."""
+    out = sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but answers may reach the pipe
+    for raw in sys.stdin.buffer:
+        try:
+            request = json.loads(raw)
+            ok = _mv_check_main_thread(request["pred"], request["gold"])
+        except Exception:
+            ok = False
+        out.write((json.dumps({"ok": bool(ok)}) + "\n").encode())
+        out.flush()
+
+
+# ----------------------------------------------------------------------------------------------
+# Countdown
+
+_COUNTDOWN_CHARS = re.compile(r"[0-9+\-*/() ]+")
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_MAX_EXPRESSION_CHARS = 300  # four numbers need far fewer; the cap bounds ast recursion
+
+
+def _last_answer_tag(text: str) -> str | None:
+    matches = _ANSWER_TAG.findall(text)
+    return matches[-1] if matches else None
+
+
+def _eval_arithmetic(node: ast.AST) -> Fraction:
+    """Exact value of an expression tree of integers, + - * / and unary signs only."""
+    if isinstance(node, ast.Expression):
+        return _eval_arithmetic(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd | ast.USub):
+        value = _eval_arithmetic(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp):
+        left, right = _eval_arithmetic(node.left), _eval_arithmetic(node.right)
+        if isinstance(node.op, ast.Add):
+            return left + right
+        if isinstance(node.op, ast.Sub):
+            return left - right
+        if isinstance(node.op, ast.Mult):
+            return left * right
+        if isinstance(node.op, ast.Div):
+            if right == 0:
+                raise ZeroDivisionError
+            return left / right
+    # ** and // are written with allowed characters but are not Countdown operations.
+    raise ValueError(f"disallowed syntax: {type(node).__name__}")
+
+
+def grade_countdown(completion: str, numbers: list[int], target: int) -> bool:
+    """Whether the last `\\boxed{}` (else last `<answer>`) is an expression of exactly `numbers`
+    (each used once) with + - * / and parentheses that evaluates to `target` (|diff| < 1e-5)."""
+    expression = last_boxed(completion)
+    if expression is None:
+        expression = _last_answer_tag(completion)
+    if expression is None:
+        return False
+    expression = expression.strip()
+    if not expression or len(expression) > _MAX_EXPRESSION_CHARS:
+        return False
+    if _COUNTDOWN_CHARS.fullmatch(expression) is None:
+        return False
+    try:
+        wanted = Counter(int(n) for n in numbers)
+    except (TypeError, ValueError):
+        return False
+    if Counter(int(tok) for tok in re.findall(r"\d+", expression)) != wanted:
+        return False
+    try:
+        value = _eval_arithmetic(ast.parse(expression, mode="eval"))
+    except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
+        return False
+    try:
+        return abs(float(value) - float(target)) < 1e-5
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
+# ----------------------------------------------------------------------------------------------
+# Multiple choice and yes/no
+
+_LETTERS = "ABCDEFGHIJ"
+# Explicit statements of the choice; `(C)` alone is weaker (options are listed that way too).
+_CHOICE_JSON = re.compile(r"[\"']answer[\"']\s*:\s*[\"']?\s*\(?([A-J])\)?(?![A-Za-z0-9])", re.IGNORECASE)
+_CHOICE_STATED = re.compile(r"(?i:answer)\s*(?:(?i:is)\s*)?:?\s*\**\s*\(?([A-J])\)?(?![A-Za-z0-9])")
+_CHOICE_PAREN = re.compile(r"\(([A-J])\)")
+_BOX_LETTER = re.compile(r"\(?([A-J])\)?(?:[\s.:)]|$)")
+
+
+def _unwrap_latex(text: str) -> str:
+    previous = None
+    while previous != text:
+        previous = text
+        text = _TEXT_WRAP.sub(r"\1", text)
+    return text.strip()
+
+
+def _chosen_letter(completion: str) -> str | None:
+    """The letter stated last by `\\boxed{C}`, `"answer": "C"` or `Answer: C`; else the last `(C)`."""
+    found: list[tuple[int, str]] = []
+    for start, content_start, content_end in _boxed_spans(completion) if "boxed" in completion else []:
+        letter = _BOX_LETTER.match(_unwrap_latex(completion[content_start:content_end]))
+        if letter:
+            found.append((start, letter.group(1).upper()))
+    for pattern in (_CHOICE_JSON, _CHOICE_STATED):
+        for match in pattern.finditer(completion):
+            found.append((match.start(), match.group(1).upper()))
+    if found:
+        return max(found)[1]
+    parens = _CHOICE_PAREN.findall(completion)
+    return parens[-1] if parens else None
+
+
+def grade_choice(completion: str, gold_letter: str) -> bool:
+    """Whether the chosen letter (A-J) equals `gold_letter`."""
+    gold = str(gold_letter).strip().strip("()").upper()
+    if len(gold) != 1 or gold not in _LETTERS:
+        return False
+    return _chosen_letter(completion) == gold
+
+
+_YES = {"yes", "true"}
+_NO = {"no", "false"}
+_YESNO_STATED = re.compile(r"answer\s*(?:is)?\s*:?\s*\**\s*(yes|no|true|false)\b", re.IGNORECASE)
+
+
+def _yes_no(word: str) -> str | None:
+    word = re.sub(r"[^a-z]", "", _unwrap_latex(word).lower())
+    if word in _YES:
+        return "yes"
+    if word in _NO:
+        return "no"
+    return None
+
+
+def grade_yesno(completion: str, gold: str | bool) -> bool:
+    """Whether the final yes/no (`\\boxed{yes}`, true/false; else "answer is yes") equals `gold`."""
+    gold_norm = ("yes" if gold else "no") if isinstance(gold, bool) else _yes_no(str(gold))
+    if gold_norm is None:
+        return False
+    box = last_boxed(completion)
+    if box is not None:
+        return _yes_no(box) == gold_norm
+    stated = _YESNO_STATED.findall(completion)
+    return bool(stated) and _yes_no(stated[-1]) == gold_norm
+
+
+# ----------------------------------------------------------------------------------------------
+# Registry and reward
+
+
+def _math(completion: str, answer: str, meta: dict) -> bool:
+    return grade_math(completion, answer)
+
+
+def _countdown(completion: str, answer: str, meta: dict) -> bool:
+    try:
+        numbers, target = meta["numbers"], meta["target"]
+    except (KeyError, TypeError):
+        raise ValueError("the countdown verifier needs meta['numbers'] and meta['target']") from None
+    return grade_countdown(completion, list(numbers), target)
+
+
+def _choice(completion: str, answer: str, meta: dict) -> bool:
+    return grade_choice(completion, answer)
+
+
+def _yesno(completion: str, answer: str, meta: dict) -> bool:
+    return grade_yesno(completion, answer)
+
+
+VERIFIERS: dict[str, Callable[[str, str, dict], bool]] = {
+    "math": _math,
+    "countdown": _countdown,
+    "choice": _choice,
+    "yesno": _yesno,
+}
+
+SCHEMES = ("binary", "boxed_partial")
+
+
+def reward(verifier: str, completion: str, answer: str, meta: dict | None = None,
+           scheme: str = "binary", format_bonus: float = 0.0) -> float:
+    """Scalar reward of one completion.
+
+    scheme "binary": 1 if correct else 0. scheme "boxed_partial" (paper B): 1 for a correct
+    boxed answer, 0.1 for a box with a wrong answer, 0 without a box. `format_bonus` is added
+    whenever the completion contains a `\\boxed{}`.
+    """
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; allowed: {sorted(VERIFIERS)}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"unknown reward scheme {scheme!r}; allowed: {list(SCHEMES)}")
+    boxed = has_box(completion)
+    if scheme == "boxed_partial" and not boxed:
+        value = 0.0
+    else:
+        correct = VERIFIERS[verifier](completion, answer, dict(meta or {}))
+        if scheme == "binary":
+            value = 1.0 if correct else 0.0
+        else:
+            value = 1.0 if correct else 0.1
+    if boxed:
+        value += float(format_bonus)
+    return value
+
+
+def _main(argv: list[str]) -> Any:
+    if argv == ["--serve"]:
+        _serve()
+        return 0
+    print("usage: python -m esgrpo.tasks.rewards --serve   (the math-verify helper process)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

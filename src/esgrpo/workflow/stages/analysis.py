@@ -1,0 +1,455 @@
+"""Stages: the geometry analyses of trained checkpoints (paper A's geometry findings, paper B's 6-7).
+
+Each stage reads checkpoints in HF layout and writes one tidy CSV (plus a JSON where a
+summary needs one) under ``results/analysis/{model}/``; the pure maths lives in
+``esgrpo.analysis`` and is only called from here.
+
+| stage                  | output (under results/analysis/{model}/)   | one row per                          |
+|------------------------|--------------------------------------------|--------------------------------------|
+| ``drift_stage``        | ``drift/{task}/{run}.csv``                 | parameter tensor                     |
+| ``theory_stage`` (*)   | ``theory/{task}/{run}.csv`` + ``.json``    | logged ES iteration                  |
+| ``cosine_stage``       | ``cosine/{task}/s{seed}.csv``              | (pair, scope, key)                   |
+| ``sparsity_stage``     | ``sparsity/{task}/{run}.csv``              | sparsified model                     |
+| ``base_samples_stage`` | ``base_samples/{evaltask}.jsonl``          | prompt (its fixed base continuations)|
+| ``kl_stage``           | ``kl/{task}/{run}.csv``                    | eval task                            |
+| ``interpolation_stage``| ``interpolation/{task}/s{seed}.csv``+json  | (path, point, eval task)             |
+
+(*) in ``esgrpo.workflow.stages.theory``: it reads only metrics, so its jobs skip the torch import.
+Which analyses run, and their settings (the ``analysis:`` block): ``esgrpo.analysis.settings``.
+
+Conventions
+- theta0 is always the model's BASE checkpoint, also for sequential runs (es-then-grpo,
+  continual stages) whose training started elsewhere: drift answers "how far is this model
+  from the pretrained one". The drift table adds ``init_l2``, the distance from the run's
+  own start checkpoint (equal to ``l2`` for runs started from the base).
+- Parameters are ``model.named_parameters()``: tied weights (lm_head = embed_tokens) appear
+  once, under the embedding's name (see ``esgrpo.analysis.drift``). Non-parameter buffers
+  (rotary frequencies) are not compared.
+- Deltas are kept in float64 for models up to ``F64_LIMIT`` parameters (so interpolation
+  endpoints reproduce the two models bit for bit) and in float32 above (memory).
+- Models evaluated at many weight-space points (sparsity, interpolation) are ONE model
+  object whose weights are replaced with ``load_state_dict`` per point; nothing is saved.
+  Identical points (the base, the two endpoints, ``dir-es`` at multiples 0.5 and 1 which are
+  ``base-es`` points) are evaluated once. Every point is evaluated with the same sampling
+  seed (common random numbers), so differences between points are not sampling noise.
+  The HF engine is used even when the config's eval backend is vLLM: vLLM cannot take new
+  weights in place cheaply.
+
+Columns (the first ones are those the tables read; trailing ones identify the file's rows)
+- drift: model, task, run, method, name, module_type, layer (empty outside decoder layers),
+  numel, l2 = ||theta - theta0||, base_l2 = ||theta0||, init_l2 = ||theta - theta_init||,
+  relative_l2 = l2 / base_l2 (per tensor; combine with esgrpo.analysis.drift.drift_by).
+- theory (ES runs): iteration, updates (applied, non-skipped), distance (logged
+  distance_from_init: from the run's own start), sq_distance, theory_sq = alpha^2 updates d / N.
+  The JSON holds fit_sq_norm_vs_t (slope, intercept, r2, slope_ratio_to_theory), theory_slope,
+  alpha, population_size, d, normalization (the theory assumes z-scores), final_ratio
+  (final distance / theory distance). Reads metrics.jsonl and summary.json only.
+- cosine: scope (global | layer | module_type), key (all | layer index or "none" for tensors
+  outside the layers | module type), cosine, pair (es-grpo; es-es and grpo-grpo compare seed
+  with the next configured seed), model, task, seed, seed_b, norm_a, norm_b, numel.
+- sparsity: kind (top_fraction | reset_module), keep_fraction (NaN for reset_module),
+  module_type (empty for top_fraction), n_kept (changed coordinates still moved), n_changed,
+  eval_task, greedy, mean@n, pass@1, pass@kmax (k = n_samples), n_samples, n_prompts, model, task,
+  run, method. Evaluated on the tasks that measure the run's training (its own task, or e.g.
+  MATH-500 for DeepScaleR: esgrpo.config.judged_on).
+- kl: eval_task, token_mean, prompt_mean, sequence_mean, n_tokens, n_sequences, n_prompts,
+  model, task, run, method. KL(base || run) per completion token, full vocabulary, on
+  continuations sampled once from the base (``base_samples``), under the raw (untempered)
+  next-token distributions of both models.
+- interpolation: path, lam, step, eval_task, greedy, mean@n, pass@1, pass@kmax, n_samples,
+  n_prompts, model, task, seed. For es-grpo / base-es / base-grpo lam is the interpolation
+  coefficient; for dir-es / dir-grpo / dir-random it is the distance in units of ||dES||
+  (``scan_multiples``). ``step`` is always the L2 distance from theta0 (signed for scans).
+  The JSON beside it: norm_es, norm_grpo, cosine and ``barriers`` = records path, eval_task,
+  metric (greedy | mean@n), barrier_height (esgrpo.metrics.barrier_height),
+  start, end, min, for the three lam paths (a barrier is not defined for the scans).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+import pandas as pd
+import torch
+
+from esgrpo.analysis.cosine import cosine, cosine_by_layer, cosine_by_module_type
+from esgrpo.analysis.drift import MODULE_TYPES, delta, drift_table, float_names, l2, module_type
+from esgrpo.analysis.interpolation import along_direction, interpolate, random_direction_like
+from esgrpo.analysis.kl import per_sequence_kl, sequence_kl_stats, token_kl
+from esgrpo.analysis.sparsity import n_kept, reset_module_type, sparsify, top_fraction_mask
+from esgrpo.engines.local import local_engine
+from esgrpo.engines.rollout import HFEngine, prompt_texts
+from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
+from esgrpo.io import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
+from esgrpo.metrics import barrier_height
+from esgrpo.models.loading import load_model
+from esgrpo.workflow.stages.data import load_rows
+
+F64_LIMIT = 200_000_000  # parameters; above it deltas are float32
+
+DRIFT_COLUMNS = ["model", "task", "run", "method", "name", "module_type", "layer", "numel", "l2", "base_l2",
+                 "init_l2", "relative_l2"]
+COSINE_COLUMNS = ["scope", "key", "cosine", "pair", "model", "task", "seed", "seed_b", "norm_a", "norm_b", "numel"]
+METRIC_COLUMNS = ["greedy", "mean@n", "pass@1", "pass@kmax", "n_samples", "n_prompts"]
+SPARSITY_COLUMNS = ["kind", "keep_fraction", "module_type", "n_kept", "n_changed", "eval_task", *METRIC_COLUMNS,
+                    "model", "task", "run", "method"]
+KL_COLUMNS = ["eval_task", "token_mean", "prompt_mean", "sequence_mean", "n_tokens", "n_sequences", "n_prompts",
+              "model", "task", "run", "method"]
+INTERPOLATION_COLUMNS = ["path", "lam", "step", "eval_task", "greedy", "mean@n", "pass@1", "pass@kmax",
+                         "n_samples", "n_prompts", "model", "task", "seed"]
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+def load_params(ref: str, dtype: str = "float32") -> dict[str, torch.Tensor]:
+    """Every parameter of the checkpoint at `ref` (tied weights once), on CPU."""
+    model, _ = load_model(ref, dtype=dtype, device="cpu")
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def _delta_dtype(theta: Mapping[str, torch.Tensor]) -> torch.dtype:
+    return torch.float64 if sum(t.numel() for t in theta.values()) <= F64_LIMIT else torch.float32
+
+
+def load_into(model, state: Mapping[str, torch.Tensor]) -> None:
+    """Replace `model`'s parameters by `state` (names as in named_parameters) in place."""
+    params = dict(model.named_parameters())
+    missing = set(params) - set(state)
+    if missing:
+        raise KeyError(f"state lacks parameters {sorted(missing)[:5]}")
+    result = model.load_state_dict(dict(state), strict=False)
+    if result.unexpected_keys:
+        raise KeyError(f"state has keys the model does not: {result.unexpected_keys[:5]}")
+
+
+def _write_csv(path: str, df: pd.DataFrame) -> None:
+    atomic_write_text(path, df.to_csv(index=False))
+
+
+def _tasks_data(eval_tasks: Sequence[str], tests: Sequence[str], infos: Sequence[str],
+                limit: int | None) -> list[tuple[str, list[dict], str]]:
+    return [(task, load_rows(test, limit), read_json(info)["verifier"])
+            for task, test, info in zip(eval_tasks, tests, infos, strict=True)]
+
+
+class PointEvaluator:
+    """One model object and one HF engine; evaluates weight-space points on tasks, with a cache."""
+
+    def __init__(self, base_ref: str, eval_cfg: Mapping):
+        cfg = dict(eval_cfg)
+        self.limit = cfg.pop("test_size", None)
+        engine_cfg = {k: cfg.pop(k) for k in ("backend", "batch_size", "dtype", "device") if k in cfg}
+        self.settings = EvalSettings(**cfg)
+        model, tokenizer = load_model(base_ref, dtype=engine_cfg.get("dtype", "float32"),
+                                      device=engine_cfg.get("device", "cpu"))
+        self.engine = local_engine(model, tokenizer, engine_cfg.get("backend", "hf"),
+                                   batch_size=int(engine_cfg.get("batch_size", 256)))
+        self.cache: dict = {}
+        self.evaluations = 0
+
+    @property
+    def model(self):
+        return self.engine.model
+
+    def metrics(self, key, state: Mapping[str, torch.Tensor] | None, tasks) -> dict[str, dict]:
+        """{task: metrics} of the point `key` (state loaded only if the key is new)."""
+        if key in self.cache:
+            return self.cache[key]
+        load_into(self.model, state)
+        out = {}
+        n = self.settings.n_samples
+        for task, rows, verifier in tasks:
+            summary, _ = evaluate_rows(self.engine, rows, verifier, self.settings)
+            out[task] = {"greedy": summary.get("greedy_accuracy", math.nan), "mean@n": summary[f"mean@{n}"],
+                         "pass@1": summary["pass@1"], "pass@kmax": summary[f"pass@{n}"], "n_samples": n,
+                         "n_prompts": summary["n_prompts"]}
+            self.evaluations += 1
+        self.cache[key] = out
+        return out
+
+
+# --------------------------------------------------------------------------- drift
+
+
+def drift_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """Per-parameter distance of a run from the base (l2, base_l2) and from its own start (init_l2)."""
+    started = time.time()
+    theta0 = load_params(params["base_model"])
+    theta = load_params(params["model"])
+    table = drift_table(theta, theta0).rename(columns={"l2_base": "base_l2"})
+    if params.get("init_model") and params["init_model"] != params["base_model"]:
+        init = load_params(params["init_model"])
+        init_l2 = drift_table(theta, init).set_index("name")["l2"]
+        table["init_l2"] = table["name"].map(init_l2)
+    else:
+        table["init_l2"] = table["l2"]
+    for key in ("model", "task", "run"):
+        table[key] = wildcards[key]
+    table["method"] = params["method"]
+    _write_csv(output["csv"], table[DRIFT_COLUMNS])
+    total = math.sqrt(float((table["l2"] ** 2).sum()))
+    _log(f"drift {wildcards['task']}/{wildcards['run']}: ||theta-theta0|| = {total:.6g} over {len(table)} "
+         f"tensors ({time.time() - started:.1f}s)")
+
+
+# --------------------------------------------------------------------------- cosine
+
+
+def _key(value) -> str:
+    return "none" if value is None or pd.isna(value) else str(value)
+
+
+def cosine_rows(d_a: Mapping, d_b: Mapping, pair: str) -> list[dict]:
+    """Rows scope/key/cosine/pair/norm_a/norm_b/numel: global, per layer, per module type."""
+    na, nb = l2(d_a), l2(d_b)
+    rows = [{"scope": "global", "key": "all", "cosine": cosine(d_a, d_b), "pair": pair, "norm_a": na, "norm_b": nb,
+             "numel": sum(t.numel() for t in d_a.values())}]
+    for scope, table, column in (("layer", cosine_by_layer(d_a, d_b), "layer"),
+                                 ("module_type", cosine_by_module_type(d_a, d_b), "module_type")):
+        for r in table.to_dict("records"):
+            rows.append({"scope": scope, "key": _key(r[column]), "cosine": r["cosine"], "pair": pair,
+                         "norm_a": r["norm_a"], "norm_b": r["norm_b"], "numel": r["numel"]})
+    return rows
+
+
+def cosine_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """Cosine of updates (from the base): ES vs GRPO of one seed, and across seeds when configured.
+
+    params["pairs"]: list of {pair, a, b, seed_b}; a and b are checkpoint refs.
+    """
+    started = time.time()
+    theta0 = load_params(params["base_model"])
+    dtype = _delta_dtype(theta0)
+    deltas: dict[str, dict] = {}
+
+    def delta_of(ref: str) -> dict:
+        if ref not in deltas:
+            deltas[ref] = delta(load_params(ref), theta0, dtype=dtype)
+        return deltas[ref]
+
+    rows = []
+    for spec in params["pairs"]:
+        for r in cosine_rows(delta_of(spec["a"]), delta_of(spec["b"]), spec["pair"]):
+            rows.append({**r, "model": wildcards["model"], "task": wildcards["task"],
+                         "seed": int(wildcards["seed"]), "seed_b": int(spec["seed_b"])})
+    df = pd.DataFrame(rows, columns=COSINE_COLUMNS)
+    _write_csv(output["csv"], df)
+    glob = df[df["scope"] == "global"]
+    _log("cosine: " + ", ".join(f"{p} {c:.4f}" for p, c in zip(glob["pair"], glob["cosine"], strict=True))
+         + f" ({time.time() - started:.1f}s)")
+
+
+# --------------------------------------------------------------------------- sparsity
+
+
+def module_types_present(theta: Mapping, theta0: Mapping) -> list[str]:
+    """Module types with at least one changed coordinate, in MODULE_TYPES order."""
+    present = set()
+    for name in float_names(theta, theta0):
+        if not torch.equal(theta[name], theta0[name]):
+            present.add(module_type(name))
+    return [t for t in MODULE_TYPES if t in present]
+
+
+def sparsity_points(theta0: Mapping, theta: Mapping, fractions: Iterable[float]):
+    """Yield (row fields, cache key, state) for every sparsified model: top fractions, then module resets."""
+    d = delta(theta, theta0, dtype=_delta_dtype(theta0))
+    changed = n_kept(top_fraction_mask(d, 1.0))
+    for fraction in fractions:
+        fraction = float(fraction)
+        kept = n_kept(top_fraction_mask(d, fraction))
+        key = "theta" if kept == changed else ("theta0" if kept == 0 else ("top", fraction))
+        yield ({"kind": "top_fraction", "keep_fraction": fraction, "module_type": "", "n_kept": kept,
+                "n_changed": changed}, key, lambda f=fraction: sparsify(theta0, theta, f))
+    for mtype in module_types_present(theta, theta0):
+        removed = sum(int((d[n] != 0).sum()) for n in d if module_type(n) == mtype)
+        yield ({"kind": "reset_module", "keep_fraction": math.nan, "module_type": mtype,
+                "n_kept": changed - removed, "n_changed": changed}, ("reset", mtype),
+               lambda m=mtype: reset_module_type(theta0, theta, m))
+
+
+def sparsity_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """Eval of the run with only its largest-|delta| coordinates kept, or one module type's update removed,
+    on the tasks that measure its training (`params["eval_tasks"]`: the training task, or e.g. MATH-500
+    for DeepScaleR)."""
+    started = time.time()
+    evaluator = PointEvaluator(params["base_model"], params["eval"])
+    theta0 = load_params(params["base_model"])
+    theta = load_params(params["model"])
+    tasks = _tasks_data(params["eval_tasks"], input["test"], input["info"], evaluator.limit)
+    rows = []
+    for fields, key, make_state in sparsity_points(theta0, theta, params["fractions"]):
+        state = None if key in evaluator.cache else make_state()
+        for eval_task, m in evaluator.metrics(key, state, tasks).items():
+            rows.append({**fields, "eval_task": eval_task, **m, "model": wildcards["model"], "task": wildcards["task"],
+                         "run": wildcards["run"], "method": params["method"]})
+            _log(f"sparsity {fields['kind']} {fields['keep_fraction']} {fields['module_type']} on {eval_task}: kept "
+                 f"{fields['n_kept']}/{fields['n_changed']} greedy {m['greedy']:.3f} mean@n {m['mean@n']:.3f}")
+    _write_csv(output["csv"], pd.DataFrame(rows, columns=SPARSITY_COLUMNS))
+    _log(f"sparsity: {evaluator.evaluations} evaluations in {time.time() - started:.1f}s")
+
+
+# --------------------------------------------------------------------------- off-task KL
+
+
+def base_samples_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """Fixed continuations of the base model on one task's test prompts (sampled once, reused by every KL job)."""
+    kl = params["kl"]
+    model, tokenizer = load_model(params["base_model"], dtype=params.get("dtype", "float32"),
+                                  device=params.get("device", "cpu"))
+    rows = load_rows(input["test"], int(kl["n_prompts"]))
+    engine = HFEngine(model, tokenizer, batch_size=int(params.get("batch_size", 256)))
+    out = engine.generate(rows, n=int(kl["samples_per_prompt"]), temperature=float(kl["temperature"]),
+                          top_p=float(kl["top_p"]), max_new_tokens=int(kl["max_new_tokens"]), seed=int(kl["seed"]))
+    prompts = tokenizer(prompt_texts(tokenizer, rows), add_special_tokens=False)["input_ids"]
+    write_jsonl(output["samples"], [{"id": r["id"], "prompt_ids": list(p), "completion_ids": c}
+                                    for r, p, c in zip(rows, prompts, out.token_ids, strict=True)])
+    _log(f"base samples {wildcards['evaltask']}: {len(rows)} prompts x {kl['samples_per_prompt']}, "
+         f"{out.num_tokens} tokens")
+
+
+@torch.inference_mode()
+def _continuation_logits(model, batch: list[tuple[list[int], list[int]]], pad_id: int):
+    """Raw logits [B, T, V] at the positions predicting each completion token, and the [B, T] mask."""
+    lengths = [len(p) + len(c) for p, c in batch]
+    width = max(lengths)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for b, (p, c) in enumerate(batch):  # right padding: positions of real tokens are 0..len-1
+        ids[b, :lengths[b]] = torch.tensor(p + c)
+        attention[b, :lengths[b]] = 1
+    start = min(len(p) for p, _ in batch) - 1  # logits at t predict token t+1
+    stop = width - 1
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits[:, start:stop]
+    pos = torch.arange(start, stop).unsqueeze(0)
+    first = torch.tensor([len(p) - 1 for p, _ in batch]).unsqueeze(1)
+    last = torch.tensor([len(p) + len(c) - 1 for p, c in batch]).unsqueeze(1)
+    mask = (pos >= first) & (pos < last)
+    return logits.float(), mask.to(logits.device)
+
+
+def kl_on_samples(model_p, model_q, samples: Sequence[Mapping], pad_id: int, batch_size: int = 16) -> dict:
+    """KL(p || q) per completion token on fixed continuations (teacher-forced, full vocabulary),
+    summarised by ``sequence_kl_stats`` (token, prompt and sequence means)."""
+    seqs = [(s["id"], list(s["prompt_ids"]), list(c)) for s in samples for c in s["completion_ids"]]
+    sums, counts, ids = [], [], []
+    for i in range(0, len(seqs), batch_size):
+        chunk = seqs[i:i + batch_size]
+        batch = [(p, c) for _, p, c in chunk]
+        lp, mask = _continuation_logits(model_p, batch, pad_id)
+        lq, _ = _continuation_logits(model_q, batch, pad_id)
+        s, n = per_sequence_kl(token_kl(lp, lq.to(lp.device), mask), mask)
+        sums.append(s.cpu())
+        counts.append(n.cpu())
+        ids += [sid for sid, _, _ in chunk]
+    return sequence_kl_stats(torch.cat(sums), torch.cat(counts), ids)
+
+
+def kl_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """Off-task KL drift: KL(base || run) on the base's own continuations, for every task of the model."""
+    started = time.time()
+    dtype, device = params.get("dtype", "float32"), params.get("device", "cpu")
+    base, tokenizer = load_model(params["base_model"], dtype=dtype, device=device)
+    trained, _ = load_model(params["model"], dtype=dtype, device=device)
+    rows = []
+    for task, path in zip(params["eval_tasks"], input["samples"], strict=True):
+        stats = kl_on_samples(base, trained, read_jsonl(path), tokenizer.pad_token_id,
+                              int(params["kl"].get("batch_size", 16)))
+        rows.append({"eval_task": task, **stats, "model": wildcards["model"], "task": wildcards["task"],
+                     "run": wildcards["run"], "method": params["method"]})
+        _log(f"kl {wildcards['run']} on {task}: token mean {stats['token_mean']:.4g} over {stats['n_tokens']} tokens")
+    _write_csv(output["csv"], pd.DataFrame(rows, columns=KL_COLUMNS))
+    _log(f"kl: {time.time() - started:.1f}s")
+
+
+# --------------------------------------------------------------------------- interpolation
+
+
+def _coef_key(c_es: float, c_grpo: float, c_rand: float) -> tuple:
+    return tuple(round(float(c), 10) + 0.0 for c in (c_es, c_grpo, c_rand))
+
+
+def interpolation_points(theta0: Mapping, d_es: Mapping, d_grpo: Mapping, steps: int,
+                         multiples: Sequence[float], random_seed: int):
+    """Yield (path, lam, step, cache key, make_state) for every point of the paths and scans.
+
+    - ``es-grpo``: theta0 + (1-lam) dES + lam dGRPO, lam in linspace(0, 1, steps);
+    - ``base-es`` / ``base-grpo``: theta0 + lam d, same lams;
+    - ``dir-es`` / ``dir-grpo`` / ``dir-random``: theta0 + s * d / ||d|| with s = lam * ||dES|| for
+      lam in `multiples` (all three directions travel the same distances, those of the ES update;
+      the random direction is Gaussian, seeded per tensor by `random_seed`).
+    ``step`` is the point's L2 distance from theta0 (signed for the scans). The cache key is the
+    point's coefficients on (dES, dGRPO, random), so coinciding points are evaluated once.
+    """
+    n_es, n_grpo = l2(d_es), l2(d_grpo)
+    dot = sum(float((d_es[k].double() * d_grpo[k].double()).sum()) for k in d_es)
+    lams = [i / (steps - 1) for i in range(steps)] if steps > 1 else [0.0]
+    for lam in lams:
+        dist = math.sqrt(max(0.0, (1 - lam) ** 2 * n_es ** 2 + lam ** 2 * n_grpo ** 2 + 2 * lam * (1 - lam) * dot))
+        yield "es-grpo", lam, dist, _coef_key(1 - lam, lam, 0), lambda lam=lam: interpolate(theta0, d_es, d_grpo, lam)
+    for path, d, norm, which in (("base-es", d_es, n_es, 0), ("base-grpo", d_grpo, n_grpo, 1)):
+        for lam in lams:
+            coefs = [0.0, 0.0, 0.0]
+            coefs[which] = lam
+            make = (lambda: dict(theta0)) if lam == 0 or norm == 0 else \
+                (lambda d=d, s=lam * norm: along_direction(theta0, d, s))
+            yield path, lam, lam * norm, _coef_key(*coefs), make
+    if n_es == 0:
+        _log("interpolation: the ES update is zero; no direction scans")
+        return
+    directions = [("dir-es", d_es, n_es, 0), ("dir-grpo", d_grpo, n_grpo, 1)]
+    random = random_direction_like(d_es, random_seed, dtype=next(iter(d_es.values())).dtype)
+    directions.append(("dir-random", random, 1.0, 2))
+    for path, d, norm, which in directions:
+        if norm == 0:
+            _log(f"interpolation: {path} has zero norm; skipped")
+            continue
+        for m in multiples:
+            s = float(m) * n_es
+            coefs = [0.0, 0.0, 0.0]
+            coefs[which] = s / norm
+            make = (lambda: dict(theta0)) if s == 0 else (lambda d=d, s=s: along_direction(theta0, d, s))
+            yield path, float(m), s, _coef_key(*coefs), make
+
+
+def interpolation_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """Accuracy along ES<->GRPO interpolation, base->update paths and normalised direction scans, on every task."""
+    started = time.time()
+    evaluator = PointEvaluator(params["base_model"], params["eval"])
+    theta0 = load_params(params["base_model"])
+    dtype = _delta_dtype(theta0)
+    d_es = delta(load_params(params["es_model"]), theta0, dtype=dtype)
+    d_grpo = delta(load_params(params["grpo_model"]), theta0, dtype=dtype)
+    tasks = _tasks_data(params["eval_tasks"], input["test"], input["info"], evaluator.limit)
+    rows = []
+    for path, lam, step, key, make in interpolation_points(theta0, d_es, d_grpo, int(params["steps"]),
+                                                           params["multiples"], int(params["random_seed"])):
+        metrics = evaluator.metrics(key, None if key in evaluator.cache else make(), tasks)
+        for task, m in metrics.items():
+            rows.append({"path": path, "lam": lam, "step": step, "eval_task": task, **m,
+                         "model": wildcards["model"], "task": wildcards["task"], "seed": int(wildcards["seed"])})
+        _log(f"{path} lam {lam:.3f} step {step:.4g}: " + ", ".join(
+            f"{t} {m['greedy']:.3f}/{m['mean@n']:.3f}" for t, m in metrics.items()))
+    df = pd.DataFrame(rows, columns=INTERPOLATION_COLUMNS)
+    _write_csv(output["csv"], df)
+    barriers = []
+    for (path, task), g in df[df["path"].isin(["es-grpo", "base-es", "base-grpo"])].groupby(
+            ["path", "eval_task"], sort=False):
+        for metric in ("greedy", "mean@n"):
+            barriers.append({"path": path, "eval_task": task, "metric": metric,
+                             "barrier_height": barrier_height(g["lam"], g[metric]),
+                             "start": float(g[metric].iloc[0]), "end": float(g[metric].iloc[-1]),
+                             "min": float(g[metric].min())})
+    write_json(output["json"], {"model": wildcards["model"], "task": wildcards["task"],
+                                "seed": int(wildcards["seed"]), "norm_es": l2(d_es), "norm_grpo": l2(d_grpo),
+                                "cosine": cosine(d_es, d_grpo), "barriers": barriers})
+    _log(f"interpolation: {len(evaluator.cache)} distinct points, {evaluator.evaluations} evaluations "
+         f"in {time.time() - started:.1f}s")
