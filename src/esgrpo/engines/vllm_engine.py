@@ -102,7 +102,9 @@ def context_length(prompt_lengths: Iterable[int], max_new_tokens: int, max_model
         return int(max_prompt_tokens if max_prompt_tokens is not None else longest) + int(max_new_tokens)
     if longest + int(max_new_tokens) > int(max_model_len):
         raise ValueError(f"max_model_len={max_model_len} cannot hold the longest prompt ({longest} tokens) and "
-                         f"max_new_tokens={max_new_tokens}; raise it (or the plan's prompt tokens for this task)")
+                         f"max_new_tokens={max_new_tokens}; raise it: the config's plan.prompt_tokens for this task, "
+                         f"or prepare the data before the workflow is parsed, so that the plan measures the prompts "
+                         f"(docs/cluster.md, section 4)")
     return int(max_model_len)
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from esgrpo.es.settings import NORM_CHUNK_ELEMENTS
 from esgrpo.noise import MASK63, mix_seeds, tensor_noise
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ __all__ = [
     "prompt_batch",
     "rollout_seed",
     "select_trainable",
+    "squared_norm",
     "update_coefficients",
 ]
 
@@ -249,7 +251,9 @@ def apply_update(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSi
     """``theta += alpha / N * sum_n w_n sign_n eps_n`` in place, one fp32 tensor at a time; returns ||step||.
 
     The noise is regenerated from the seeds (antithetic partners share one draw), summed in fp32
-    and applied once, so small updates are not rounded away.
+    and applied once, so small updates are not rounded away. Beside theta it holds one tensor's fp32
+    step and one noise draw (`noise_of`'s own temporaries included), then the norm's float64 chunk
+    (`squared_norm`): what `esgrpo.plan.memory.es_update_bytes` counts.
     """
     coefficients = update_coefficients(seeds_signs, weights)
     scale = float(alpha) / len(seeds_signs)
@@ -259,10 +263,32 @@ def apply_update(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSi
             seed, name, value.shape, value.device), value.device)
         step.mul_(scale)  # the step itself, so the returned norm is exactly what was applied
         value.add_(step)
-        squares += float(step.double().pow(2).sum())
+        squares += squared_norm(step)
     return math.sqrt(squares)
 
 
+@torch.no_grad()
+def squared_norm(tensor: torch.Tensor, minus: torch.Tensor | None = None,
+                 chunk: int = NORM_CHUNK_ELEMENTS) -> float:
+    """``sum((tensor - minus)^2)`` in float64, `chunk` elements at a time (`minus` None: of `tensor`).
+
+    Each chunk is cast to float64 (and `minus`'s chunk moved to `tensor`'s device and cast, then
+    subtracted there), squared and summed, so the float64 copies never exceed one chunk: a whole
+    tensor's would be 16-24 bytes per element beside the engine. A tensor of at most `chunk`
+    elements is one chunk, the same sum as over the whole tensor; a larger one is a sum of chunk
+    sums, which may differ from the whole-tensor sum in the last bits.
+    """
+    flat = tensor.reshape(-1)
+    other = None if minus is None else minus.reshape(-1)
+    total = 0.0
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start:start + chunk].double()
+        if other is not None:
+            part = part - other[start:start + chunk].to(part.device).double()
+        total += float(part.pow(2).sum())
+    return total
+
+
 def l2_norm(tensors: Iterable[torch.Tensor]) -> float:
-    """The Euclidean norm of several tensors together, summed in float64."""
-    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors))
+    """The Euclidean norm of several tensors together, summed in float64 (`squared_norm`)."""
+    return math.sqrt(sum(squared_norm(t) for t in tensors))

@@ -13,9 +13,15 @@ from dataclasses import dataclass, field
 from esgrpo.settings import FieldCheck, SettingsDataclass
 from esgrpo.tasks.rewards import SCHEMES
 
-__all__ = ["ESConfig", "NORMALIZATIONS"]
+__all__ = ["ESConfig", "NORMALIZATIONS", "NORM_CHUNK_ELEMENTS"]
 
 NORMALIZATIONS = ("zscore", "rank", "none")
+# Elements of one tensor that the float64 norms of the update and of the distance from theta0 take at a
+# time (`esgrpo.es.ops.squared_norm`): a 4M-element chunk's float64 copy and square are 64 MiB, where a
+# whole Qwen3-4B embedding's (389M elements) were 5.8 GiB beside the engine. Here, not in `ops`, so that
+# the resource plan (`esgrpo.plan.memory.es_update_bytes`) reads it without importing torch. Every tensor
+# of the offline default model is smaller, so its norms are the whole-tensor sums they always were.
+NORM_CHUNK_ELEMENTS = 1 << 22
 
 
 @dataclass

@@ -3,10 +3,11 @@ settings that make it fit (GPUs, micro-batch, vLLM memory and context), computed
 architecture. Light on purpose (no torch at import): the Snakemake DAG parse uses it.
 
     architecture.py  Architecture, config.json / shipped architecture files, parameter count
-    gpus.py          GPU types: usable memory, reached matmul and memory speed
+    gpus.py          GPU types: usable memory, device total (vLLM's share), reached matmul and memory speed
     memory.py        GPU memory terms (training state, activations, vLLM, ES population)
     host.py          host memory (RSS) terms, phase by phase
     runtime.py       throughput model anchored on es-at-scale's measured ES speed
+    prompts.py       prompt lengths measured from the prepared data (tokenizers + jinja2), else constants
     jobs.py          JobSpec -> JobPlan (plan_job, check_fits)
     grid.py          a config's jobs (config_jobs, plan_config) and plan.csv / plan.md
 """

@@ -2,8 +2,9 @@
 
 Jobs come from the same place as the workflow's: `esgrpo.runs.planned_runs` and `run_spec` for
 training and evaluation; analysis jobs from their output paths (the rules' analysis targets).
-What the config does not say (the GPU type, ES engines per job, prompt lengths) comes from
-`PlanSettings`, read from an optional `plan:` block of the config.
+What the config does not say (the GPU type, ES engines per job) comes from `PlanSettings`, read
+from an optional `plan:` block of the config; prompt lengths are measured from the prepared data
+where they can be (`esgrpo.plan.prompts`, `PromptTokens`), else its constants or `plan.prompt_tokens`.
 """
 
 from __future__ import annotations
@@ -17,14 +18,15 @@ from typing import Any
 from esgrpo.plan.architecture import Architecture, PlanError, architecture_for
 from esgrpo.plan.jobs import JobPlan, JobSpec, plan_job
 from esgrpo.plan.memory import GIB
+from esgrpo.plan.prompts import (
+    DEFAULT_PROMPT_TOKENS,
+    PROMPT_TOKENS,
+    hf_cache_tokenizer,
+    longest_prompts,
+    plan_tokens,
+    tokenizer_files,
+)
 
-# Longest prompt, in tokens, chat template and system prompt included: estimates from the tasks'
-# sources (MATH and BoolQ passages run to a few hundred tokens; the offline tasks are one line).
-# vLLM refuses a prompt longer than max_model_len, so these err long; `plan.prompt_tokens`
-# overrides them per task.
-PROMPT_TOKENS = {"countdown": 256, "math": 512, "chemistry": 512, "boolq": 512, "gsm8k": 384,
-                 "deepscaler": 512, "countdown3": 64, "leg_count": 64, "sum_choice": 64, "sum_yesno": 64}
-DEFAULT_PROMPT_TOKENS = 1024
 # Test rows the Hub loaders give when the config's test_size is null (esgrpo.tasks.hub: paper sizes).
 TEST_ROWS = {"countdown": 2000, "math": 500, "chemistry": 2000, "boolq": 2000, "gsm8k": 1319}
 DEFAULT_TEST_ROWS = 500
@@ -49,7 +51,59 @@ class PlanSettings:
         return cls(**block)
 
     def prompt_tokens_of(self, task: str) -> int:
+        """The unmeasured prompt length of `task`: `plan.prompt_tokens`, else the stated constant."""
         return int(self.prompt_tokens.get(task, PROMPT_TOKENS.get(task, DEFAULT_PROMPT_TOKENS)))
+
+
+class PromptTokens:
+    """The prompt part of a job's max_model_len, by (model, task, split): the longest prompt of
+    `results/data/{task}/{split}.jsonl` with the model's tokenizer and chat template, in whole KV
+    blocks (`esgrpo.plan.prompts`), where both are there at parse time, and never below an explicit
+    `plan.prompt_tokens`; else `PlanSettings.prompt_tokens_of` (stated constants). `sources` records
+    which it was for each (model, task, split) asked, for plan.md."""
+
+    def __init__(self, config: dict[str, Any], settings: PlanSettings):
+        self.config, self.settings = config, settings
+        self._tokenizers: dict[str, dict[str, Path] | None] = {}
+        self._measured: dict[tuple[str, str], dict[str, int]] = {}
+        self.sources: dict[tuple[str, str, str], str] = {}
+
+    def tokenizer(self, model: str) -> dict[str, Path] | None:
+        """The model's tokenizer files where they are local (as `architecture_for` finds config.json)."""
+        if model not in self._tokenizers:
+            spec = self.config["models"][model]
+            source = str(spec["source"])
+            if source == "default" or spec.get("gguf_file"):
+                found = tokenizer_files(Path(self.settings.results) / model / "base" / "model")
+            elif Path(source).expanduser().is_dir():
+                found = tokenizer_files(Path(source).expanduser())
+            else:
+                found = hf_cache_tokenizer(source)
+            self._tokenizers[model] = found
+        return self._tokenizers[model]
+
+    def __call__(self, model: str, task: str, split: str) -> int:
+        fallback = self.settings.prompt_tokens_of(task)
+        files = self.tokenizer(model)
+        if files is None:
+            self.sources[(model, task, split)] = "constant (no local tokenizer)"
+            return fallback
+        if (model, task) not in self._measured:
+            data_dir = Path(self.settings.results) / "data" / task
+            try:
+                self._measured[(model, task)] = longest_prompts(data_dir, files, model)
+            except ValueError as err:  # a template this light renderer cannot compile, an unreadable row
+                import sys
+
+                print(f"plan: prompt lengths of {task} for {model} not measured ({type(err).__name__}: {err}); "
+                      f"using {fallback} tokens", file=sys.stderr)
+                self._measured[(model, task)] = {}
+        measured = self._measured[(model, task)].get(split)
+        if measured is None:
+            self.sources[(model, task, split)] = "constant (no prepared data)"
+            return fallback
+        self.sources[(model, task, split)] = f"measured ({measured} tokens)"
+        return max(plan_tokens(measured), int(self.settings.prompt_tokens.get(task, 0)))
 
 
 def _test_rows(config: dict[str, Any], task: str, limit: int | None) -> int:
@@ -67,14 +121,15 @@ def eval_params(config: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def train_job(config: dict[str, Any], model: str, task: str, run: str, arch: Architecture,
-              settings: PlanSettings) -> JobSpec | None:
+              settings: PlanSettings, lengths: PromptTokens | None = None) -> JobSpec | None:
     """The train_run job of (model, task, run); None for a snapshot run (exported, not trained)."""
     from esgrpo.runs import run_spec
 
+    lengths = lengths or PromptTokens(config, settings)
     spec = run_spec(config, task, run)
     s = spec.settings
     common = dict(rule="train_run", model=model, task=task, run=run, architecture=arch,
-                  gpu_type=settings.gpu_type, prompt_tokens=settings.prompt_tokens_of(task),
+                  gpu_type=settings.gpu_type, prompt_tokens=lengths(model, task, "train"),
                   new_tokens=int(s["max_new_tokens"]))
     if spec.method == "es":
         es = config.get("es") or {}
@@ -93,16 +148,17 @@ def train_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arc
                        backend="vllm" if s.get("use_vllm") else "hf", gpus=settings.grpo_gpus if on_gpu else None,
                        weight_dtype="bfloat16" if on_gpu else "float32", iterations=int(s["steps"]),
                        prompts=int(s["prompts_per_step"]), samples=int(s["num_generations"]),
-                       checkpointing=on_gpu,
+                       checkpointing=on_gpu, beta=float(s.get("beta") or 0.0),
                        micro_batch=None if on_gpu else completions // int(s.get("gradient_accumulation_steps", 1)))
     return None
 
 
 def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Architecture,
-             settings: PlanSettings) -> JobSpec:
+             settings: PlanSettings, lengths: PromptTokens | None = None) -> JobSpec:
     """eval_base (run "base") or eval_run: every eval task of the model, n samples + greedy each."""
     from esgrpo.config import model_eval_tasks
 
+    lengths = lengths or PromptTokens(config, settings)
     ev = eval_params(config, model)
     tasks = model_eval_tasks(config, model)
     prompts = sum(_test_rows(config, t, ev.get("test_size")) for t in tasks)
@@ -113,11 +169,12 @@ def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arch
                    gpu_type=settings.gpu_type, gpus=1, backend="vllm" if on_vllm else "hf",
                    weight_dtype=ev.get("dtype", "bfloat16" if on_gpu else "float32"),
                    prompts=prompts, samples=int(ev.get("n_samples", 32)) + (1 if ev.get("greedy", True) else 0),
-                   prompt_tokens=max(settings.prompt_tokens_of(t) for t in tasks),
+                   prompt_tokens=max(lengths(model, t, "test") for t in tasks),
                    new_tokens=int(ev.get("max_new_tokens", 24)), eval_batch=int(ev.get("batch_size", 256)))
 
 
-def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings: PlanSettings) -> JobSpec | None:
+def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings: PlanSettings,
+                 lengths: PromptTokens | None = None) -> JobSpec | None:
     """The job writing analysis output `path` (results/analysis/{model}/{kind}/{task}/{name}.csv);
     None for the outputs that are not a job of their own (a .json beside a .csv)."""
     from esgrpo.analysis.settings import analysis_config
@@ -127,7 +184,7 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
         return None
     model, kind, task, name = parts[-4], parts[-3], parts[-2], Path(parts[-1]).stem
     analysis = analysis_config(config)
-    base = eval_job(config, model, task, name, arch, settings)
+    base = eval_job(config, model, task, name, arch, settings, lengths)
     ev = {**eval_params(config, model), **(analysis.get("eval") or {})}
     samples = int(ev.get("n_samples", 8)) + (1 if ev.get("greedy", True) else 0)
     prompts = base.prompts if not ev.get("test_size") else min(base.prompts, int(ev["test_size"]))
@@ -148,7 +205,7 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
 
 
 def base_samples_job(config: dict[str, Any], model: str, evaltask: str, arch: Architecture,
-                     settings: PlanSettings) -> JobSpec:
+                     settings: PlanSettings, lengths: PromptTokens | None = None) -> JobSpec:
     """analysis_base_samples: the base model's KL continuations on one evaluation task (transformers)."""
     from esgrpo.analysis.settings import analysis_config
 
@@ -159,34 +216,37 @@ def base_samples_job(config: dict[str, Any], model: str, evaltask: str, arch: Ar
                    architecture=arch, device="cuda" if on_gpu else "cpu", gpu_type=settings.gpu_type, gpus=1,
                    backend="hf", weight_dtype=ev.get("dtype", "bfloat16" if on_gpu else "float32"),
                    prompts=int(kl["n_prompts"]), samples=int(kl["samples_per_prompt"]),
-                   prompt_tokens=settings.prompt_tokens_of(evaltask),
+                   prompt_tokens=(lengths or PromptTokens(config, settings))(model, evaltask, "test"),
                    new_tokens=int(kl.get("max_new_tokens") or ev.get("max_new_tokens", 24)),
                    eval_batch=int(ev.get("batch_size", 256)), copies=1)
 
 
 def config_jobs(config: dict[str, Any], settings: PlanSettings | None = None,
-                analysis_targets: list[str] | tuple[str, ...] = ()) -> list[JobSpec]:
+                analysis_targets: list[str] | tuple[str, ...] = (),
+                lengths: PromptTokens | None = None) -> list[JobSpec]:
     """Every training, evaluation and (given their output paths) analysis job of `config`."""
     from esgrpo.config import model_eval_tasks
     from esgrpo.runs import planned_runs
 
     settings = settings or PlanSettings.from_config(config)
+    lengths = lengths or PromptTokens(config, settings)
     jobs: list[JobSpec] = []
     archs = {m: architecture_for(config, m, settings.results) for m in config["models"]}
     for model, arch in archs.items():
         runs = planned_runs(config, model)
-        jobs += [j for t, r in runs if (j := train_job(config, model, t, r, arch, settings)) is not None]
-        jobs.append(eval_job(config, model, "base", "base", arch, settings))
-        jobs += [eval_job(config, model, t, r, arch, settings) for t, r in runs]
+        jobs += [j for t, r in runs if (j := train_job(config, model, t, r, arch, settings, lengths)) is not None]
+        jobs.append(eval_job(config, model, "base", "base", arch, settings, lengths))
+        jobs += [eval_job(config, model, t, r, arch, settings, lengths) for t, r in runs]
     kl_models = set()
     for path in analysis_targets:
         model = Path(path).parts[-4]
-        if model in archs and (job := analysis_job(config, path, archs[model], settings)) is not None:
+        if model in archs and (job := analysis_job(config, path, archs[model], settings, lengths)) is not None:
             jobs.append(job)
             if job.rule == "analysis_kl":
                 kl_models.add(model)
     for model in sorted(kl_models):  # the KL analyses' reference continuations, one job per eval task
-        jobs += [base_samples_job(config, model, t, archs[model], settings) for t in model_eval_tasks(config, model)]
+        jobs += [base_samples_job(config, model, t, archs[model], settings, lengths)
+                 for t in model_eval_tasks(config, model)]
     return jobs
 
 
@@ -211,8 +271,9 @@ class Planner:
                  analysis_targets: list[str] | tuple[str, ...] = ()):
         self.config = config
         self.settings = settings or PlanSettings.from_config(config)
+        self.lengths = PromptTokens(config, self.settings)
         self.jobs = {(j.rule, j.model, j.task, j.run): j
-                     for j in config_jobs(config, self.settings, analysis_targets)}
+                     for j in config_jobs(config, self.settings, analysis_targets, self.lengths)}
         self._plans: dict[tuple[str, str, str, str], JobPlan] = {}
 
     @property
@@ -232,9 +293,9 @@ class Planner:
         arch = architecture_for(self.config, model, self.settings.results) if model in self.config["models"] else None
         job = None
         if arch is not None and rule == "train_run":
-            job = train_job(self.config, model, task, run, arch, self.settings)
+            job = train_job(self.config, model, task, run, arch, self.settings, self.lengths)
         elif arch is not None and rule in ("eval_run", "eval_base"):
-            job = eval_job(self.config, model, task, run, arch, self.settings)
+            job = eval_job(self.config, model, task, run, arch, self.settings, self.lengths)
         if job is None:
             raise PlanError(f"no planned job {rule} {model}/{task}/{run} in this config")
         return job
@@ -258,14 +319,15 @@ class Planner:
         self.all()
 
     def write(self, csv_path: str | Path, md_path: str | Path | None = None) -> None:
-        write_plan(self.all(), csv_path, md_path)
+        write_plan(self.all(), csv_path, md_path, self.lengths.sources)
 
 
 # --------------------------------------------------------------------------- plan.csv / plan.md
 
 COLUMNS = ("rule", "model", "task", "run", "method", "iterations", "gpus", "gpu_type", "gpu_mem_gib",
            "gpu_avail_gib", "host_mem_gib", "mem_mb", "runtime_h", "slurm_minutes", "gpu_hours",
-           "micro_batch", "grad_accum", "sharding", "vllm_util", "vllm_max_len", "vllm_concurrency", "largest_terms")
+           "micro_batch", "grad_accum", "sharding", "vllm_util", "vllm_max_len", "vllm_concurrency", "prompt_tokens",
+           "largest_terms")
 
 
 def plan_row(plan: JobPlan) -> dict[str, Any]:
@@ -280,7 +342,7 @@ def plan_row(plan: JobPlan) -> dict[str, Any]:
         "gpu_hours": round(plan.gpu_hours, 2),
         "micro_batch": plan.micro_batch or "", "grad_accum": plan.grad_accum or "", "sharding": plan.sharding,
         "vllm_util": plan.vllm_gpu_memory_utilization or "", "vllm_max_len": plan.vllm_max_model_len or "",
-        "vllm_concurrency": plan.vllm_concurrency or "",
+        "vllm_concurrency": plan.vllm_concurrency or "", "prompt_tokens": j.prompt_tokens,
         "largest_terms": (gm or plan.host_memory).describe(3),
     }
 
@@ -293,7 +355,10 @@ def gpu_hours_by_rule(plans: list[JobPlan]) -> dict[str, float]:
     return out
 
 
-def write_plan(plans: list[JobPlan], csv_path: str | Path, md_path: str | Path | None = None) -> None:
+def write_plan(plans: list[JobPlan], csv_path: str | Path, md_path: str | Path | None = None,
+               prompt_sources: dict[tuple[str, str, str], str] | None = None) -> None:
+    """plan.csv (every column) and plan.md (the main ones, GPU-hours by rule, and where each prompt
+    length came from: `PromptTokens.sources`)."""
     rows = [plan_row(p) for p in plans]
     csv_path = Path(csv_path)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -313,6 +378,10 @@ def write_plan(plans: list[JobPlan], csv_path: str | Path, md_path: str | Path |
     lines += [f"| **total** | **{total:.1f}** |", "",
               "Runtimes cost every completion at its max_new_tokens (an upper bound); GPU memory is per GPU; "
               "see esgrpo/plan for every constant."]
+    if prompt_sources:
+        lines += ["", "| prompt tokens of | model | split | from |", "|---|---|---|---|"]
+        lines += [f"| {task} | {model} | {split} | {source} |"
+                  for (model, task, split), source in sorted(prompt_sources.items(), key=lambda kv: kv[0][1:] + kv[0][:1])]
     Path(md_path).write_text("\n".join(lines) + "\n")
 
 

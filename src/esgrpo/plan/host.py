@@ -8,7 +8,14 @@ processes, host copies next to GPU training) are estimates until run on a GPU no
 from __future__ import annotations
 
 from esgrpo.plan.architecture import Architecture, dtype_bytes
-from esgrpo.plan.memory import GIB, MIB, hf_generation, population_generation, training_activations
+from esgrpo.plan.memory import (
+    GIB,
+    MIB,
+    es_update_bytes,
+    hf_generation,
+    population_generation,
+    training_activations,
+)
 
 # Resident memory of a trainer process before it loads a model: Python, torch, transformers and the
 # project's modules. Measured on this project's CPU machines (torch 2.13 CPU, transformers 5.24,
@@ -24,19 +31,14 @@ CUDA_LIBRARIES_BYTES = 2 * GIB
 VLLM_ENGINE_PROCESS_BYTES = 4 * GIB
 
 
-def _largest_tensor(arch: Architecture) -> int:
-    """Elements of the largest parameter: the embedding, or an MLP matrix in a small-vocabulary model."""
-    return max(arch.embedding_parameters, arch.hidden_size * arch.intermediate_size)
-
-
 def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: int,
            weight_dtype: str = "float32") -> dict[str, dict[str, int]]:
     """Phases of `esgrpo.es.loop.train_es` on the transformers backend, everything in host memory.
 
     `esgrpo.es.hf_backend.HFESBackend` keeps the model, the fp32 starting point theta0 and the fp32
     master theta (two clones); an iteration adds the population (`memory.population_generation`);
-    the update (`esgrpo.es.ops.apply_update`) works one tensor at a time: its fp32 step, a noise
-    draw, and the float64 square for the norm. Loading maps the checkpoint file while the model is built.
+    the update (`esgrpo.es.ops.apply_update`) and the distance from theta0 work one tensor at a time
+    (`memory.es_update_bytes`). Loading maps the checkpoint file while the model is built.
     """
     p = arch.parameters
     width = dtype_bytes(weight_dtype)
@@ -46,7 +48,7 @@ def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: 
         "load": {**{k: v for k, v in base.items() if k != "theta0 and theta (fp32)"},
                  "checkpoint file (mapped)": p * 4},
         "generate": {**base, **population_generation(arch, members, prompts, prompt, new, width)},
-        "update": {**base, "update of one tensor (step, noise, float64 square)": 16 * _largest_tensor(arch)},
+        "update": {**base, "update or distance of one tensor": es_update_bytes(arch, "hf", theta0_here=True)},
     }
 
 
@@ -92,21 +94,28 @@ def compare_cpu(arch: Architecture, copies: int) -> dict[str, dict[str, int]]:
                         f"{copies} fp32 copies of the model": copies * 4 * arch.parameters}}
 
 
-def gpu_job_host(arch: Architecture, method: str, *, processes: int, engines: int) -> dict[str, dict[str, int]]:
+def gpu_job_host(arch: Architecture, method: str, *, processes: int, engines: int, reference: bool = False,
+                 sharded: bool = False) -> dict[str, dict[str, int]]:
     """Host memory of a GPU job (estimates: nothing here was measured on a GPU node).
 
     grpo: every training process loads the fp32 model on the host before it moves to its GPU or
     is sharded (`esgrpo.grpo.distributed.load_policy`); rank 0 keeps the metrics callback's two fp32
     copies (theta0 and the pre-step copy, `esgrpo.grpo.distributed.host_copy`) and assembles the fp32
-    export. es (vLLM): one host fp32 master per job (issue 12, item 4), the vLLM engine processes,
+    export. With `reference` (beta > 0) TRL loads its reference model on the host too (in the policy's
+    fp32, `from_pretrained` without a device map) before `prepare` moves or shards it: beside each
+    process's own policy when `sharded` (the policy waits on the host for FSDP), after it otherwise.
+    es (vLLM): one host fp32 master per job (issue 12, item 4), the vLLM engine processes,
     the fp32 state dict of an export. eval: the engine's processes and the weights being loaded.
     """
     p = arch.parameters
     cuda_process = PROCESS_BASE.get(method, PROCESS_BASE["eval"]) + CUDA_LIBRARIES_BYTES
     if method == "grpo":
+        load = {"processes (Python, torch, CUDA)": processes * cuda_process,
+                "fp32 model being loaded (per process)": processes * 4 * p}
+        if reference and sharded:
+            load["reference model being loaded (fp32, per process)"] = processes * 4 * p
         return {
-            "load": {"processes (Python, torch, CUDA)": processes * cuda_process,
-                     "fp32 model being loaded (per process)": processes * 4 * p},
+            "load": load,
             "train": {"processes (Python, torch, CUDA)": processes * cuda_process,
                       "callback theta0 + pre-step copies (fp32, rank 0)": 8 * p,
                       "export (fp32 state dict, rank 0)": 4 * p},

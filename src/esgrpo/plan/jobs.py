@@ -8,14 +8,21 @@ host memory, expected runtime, and the choices that make it fit, taken in this o
   process's completions, at most 32 sequences, as the paper configs' 24-32), the one whose
   step the runtime model finds fastest, vLLM taking the room its activations leave (all of a
   process's completions at once if the cache holds them, else fewer); gradient accumulation
-  follows. Choices keep 10% of the GPU free (PLAN_HEADROOM).
+  follows.
 - vLLM engines (ES, GRPO, evaluation): max_model_len = prompt + new tokens (never the model's
   full context: Qwen3-4B's 262,144 tokens would need ~36 GiB of KV cache for one sequence), and
   gpu_memory_utilization = what the weights, the activation peak, CUDA graphs and a KV cache
-  for the concurrent sequences need, rounded up to a hundredth.
+  for the concurrent sequences need, as a share of the device total (vLLM takes ceil(share x
+  total), `memory.granted_bytes`), rounded up to a hundredth.
 
-A job that cannot fit even at the smallest settings raises `PlanError` naming the job, what it
-needs and what the GPU has.
+Limits. The plan's own choices (GPUs, micro-batch, vLLM concurrency, a transformers batch) keep
+10% of the GPU free (PLAN_HEADROOM). GRPO, and ES on vLLM, whose engine gets what the rest leaves
+within that 90%, are refused when even their smallest setting (micro-batch 1, one sequence) needs
+more than 90% of the GPU. No vLLM engine is given more than 0.9 of the device total
+(VLLM_MAX_UTILIZATION, vLLM's default). An analysis on transformers whose smallest setting (batch 1)
+needs between 90% and 100% is still planned: nothing is left to choose. Every plan is then checked,
+allocator slack included, against the whole GPU (`check_fits`). A job refused either way raises
+`PlanError` naming the job, what it needs and what one GPU has.
 """
 
 from __future__ import annotations
@@ -38,9 +45,15 @@ from esgrpo.plan.memory import (
     VLLM_SMALL_GPU_MAX_SEQS,
     VLLM_TRL_BATCHED_TOKENS,
     Memory,
+    autocast_weight_copies,
+    es_master_bytes,
+    es_update_bytes,
+    granted_bytes,
     hf_generation,
     peak,
     population_generation,
+    reference_model,
+    scoring_forward,
     training_activations,
     training_state,
     utilization_for,
@@ -52,8 +65,8 @@ METHODS = ("es", "grpo", "eval", "score", "compare")
 GPU_COUNTS = (1, 2, 4, 8)
 MAX_MICRO_BATCH = 32
 # The plan's choices (micro-batch, vLLM concurrency) keep a tenth of the GPU free: every term is an
-# estimate until scripts/gpu_smoke.sh has measured it. A job whose fixed needs exceed this but fit
-# the GPU is still planned (check_fits tests against the whole GPU).
+# estimate until scripts/gpu_smoke.sh has measured it. GRPO and vLLM ES are refused when their
+# smallest setting exceeds it; analyses on transformers are planned up to the whole GPU (module docstring).
 PLAN_HEADROOM = 0.9
 # How GRPO shards its training state over more than one GPU: FSDP, which torch itself provides.
 # envs/gpu.yaml has no DeepSpeed (esgrpo.grpo.launch refuses zero3 without it), so the plan never
@@ -72,7 +85,8 @@ class JobSpec:
     prompts: ES prompts per iteration, GRPO prompts per step, evaluation prompts; samples: GRPO
     group size, evaluation samples per prompt (greedy included).
     backend: how it generates, vllm or hf (transformers). gpus None: the plan chooses (GRPO),
-    else 1 (ES engines and evaluation take the count they are given).
+    else 1 (ES engines and evaluation take the count they are given). beta: GRPO's KL coefficient;
+    above 0 TRL holds a reference model beside the policy (`memory.reference_model`).
     """
 
     rule: str
@@ -97,6 +111,7 @@ class JobSpec:
     es_population: str = "stacked"
     eval_batch: int = 256
     copies: int = 2
+    beta: float = 0.0
 
     @property
     def label(self) -> str:
@@ -183,7 +198,7 @@ def check_fits(plan: JobPlan) -> JobPlan:
     if not plan.fits:
         need, have = plan.gpu_memory.total / GIB, plan.gpu_available / GIB
         raise PlanError(f"{plan.job.label}: needs {need:.1f} GiB per GPU on {plan.gpus} x {plan.job.gpu_type} "
-                        f"({plan.gpu_memory.describe()}), but a {plan.job.gpu_type} has {have:.1f} GiB. "
+                        f"({plan.gpu_memory.describe()}), but one {plan.job.gpu_type} has {have:.1f} GiB. "
                         f"Give it more GPUs (GRPO shards with FSDP), a larger GPU type, or smaller settings.")
     return plan
 
@@ -230,19 +245,14 @@ def _vllm_choice(job: JobSpec, gpu: GpuType, wanted: int, budget: int,
     """(engine terms, concurrent sequences, gpu_memory_utilization) of an engine that runs up to
     `wanted` sequences at once within `budget` bytes (and vLLM's 0.9), or PlanError."""
     arch, dtype, length = job.architecture, job.weight_dtype, job.max_model_len
-    budget = min(budget, int(VLLM_MAX_UTILIZATION * gpu.memory_bytes))
+    budget = min(budget, int(VLLM_MAX_UTILIZATION * gpu.total_bytes))
     concurrent = min(wanted, vllm_sequences_that_fit(arch, dtype, length, budget, batched_tokens))
     if concurrent < 1:
         need = sum(vllm_engine(arch, dtype, length, 1, batched_tokens).values())
         raise PlanError(f"{job.label}: a vLLM engine for one sequence of {length} tokens needs "
-                        f"{need / GIB:.1f} GiB, but only {budget / GIB:.1f} GiB of a {gpu.name} is left for it")
+                        f"{need / GIB:.1f} GiB, but only {budget / GIB:.1f} GiB of one {gpu.name} is left for it")
     parts = vllm_engine(arch, dtype, length, concurrent, batched_tokens)
-    return parts, concurrent, utilization_for(sum(parts.values()), gpu.memory_bytes)
-
-
-def _noise_bytes(arch: Architecture) -> int:
-    """One tensor's fp32 noise and its perturbed copy (ES perturbs one tensor at a time)."""
-    return 2 * 4 * max(arch.embedding_parameters, arch.hidden_size * arch.intermediate_size)
+    return parts, concurrent, utilization_for(sum(parts.values()), gpu.total_bytes)
 
 
 # --------------------------------------------------------------------------- ES
@@ -252,12 +262,13 @@ def _plan_es_vllm(job: JobSpec, gpu: GpuType) -> JobPlan:
     """ES with one vLLM engine per GPU (`esgrpo.es.vllm_backend`): the engine, the fp32 master beside it."""
     arch, engines = job.architecture, job.gpus or 1
     batched, max_seqs = _vllm_defaults(gpu)
-    beside = {"ES fp32 master": 4 * arch.parameters, "ES noise of one tensor": _noise_bytes(arch)}
+    beside = {"ES fp32 master": es_master_bytes(arch),
+              "ES perturb / update / distance of one tensor": es_update_bytes(arch, "vllm")}
     # The engine's concurrency is chosen within the plan's headroom, as GRPO's: the allocator slack
     # counted on top of it must not push a job that could run fewer sequences over the GPU.
     left = int(PLAN_HEADROOM * gpu.memory_bytes) - int((1 + ALLOCATOR_SLACK) * sum(beside.values()))
     engine, concurrent, util = _vllm_choice(job, gpu, min(job.prompts, max_seqs), left, batched)
-    granted = int(util * gpu.memory_bytes)
+    granted = granted_bytes(util, gpu.total_bytes)
     memory = _with_slack({**engine, "vLLM budget rounding": granted - sum(engine.values()), **beside},
                          cuda_process=False)  # vLLM counts its process's CUDA memory in its budget
     seconds = runtime.start_seconds(arch) + job.iterations * runtime.es_iteration_seconds(
@@ -300,23 +311,47 @@ def _divisors_down(n: int, cap: int) -> list[int]:
 
 
 def _grpo_train_parts(job: JobSpec, gpus: int, sharding: str, micro: int) -> dict[str, int]:
-    """Training state and one micro-batch's activations (bf16 autocast; the residual stream is fp32
-    over an fp32 model and under FSDP, counted as fp32 there; bf16 over ZeRO-3's bf16 parameters)."""
+    """The training process's terms at its peak, the larger of its two phases:
+
+    - training: the training state and one micro-batch's activations (bf16 autocast; the residual
+      stream is fp32 over an fp32 model and under FSDP, counted as fp32 there; bf16 over ZeRO-3's bf16
+      parameters), and on one GPU autocast's bf16 weight copies at the forward's end;
+    - scoring: TRL's no-grad log-prob forwards over the step's completions, one micro-batch at a time:
+      the importance-sampling forward of the policy (with vLLM: `vllm_importance_sampling_correction`,
+      on by default in TRL 1.16) and, with beta > 0, the reference model's, which adds its gathered
+      parameters under FSDP.
+    The reference model of beta > 0 stays on the GPU through both (`memory.reference_model`).
+    """
+    arch = job.architecture
     residual = 2 if sharding == "zero3" else 4
-    return {**training_state(job.architecture, gpus, sharding),
-            **training_activations(job.architecture, micro, job.max_model_len, checkpointing=job.checkpointing,
-                                   act_bytes=2, residual_bytes=residual, scores=False)}
+    state = training_state(arch, gpus, sharding)
+    reference, reference_forward = reference_model(arch, gpus, sharding) if job.beta > 0 else ({}, {})
+    cache = autocast_weight_copies(arch, sharding)
+    train = {**state, **reference,
+             **training_activations(arch, micro, job.max_model_len, checkpointing=job.checkpointing,
+                                    act_bytes=2, residual_bytes=residual, scores=False), **cache}
+    forward = scoring_forward(arch, micro, job.max_model_len)
+    scoring = {**state, **reference, **forward, **max(cache, reference_forward, key=lambda d: sum(d.values()))}
+    return max(train, scoring, key=lambda parts: sum(parts.values()))
+
+
+def _grpo_generate_parts(job: JobSpec, gpus: int, sharding: str, sequences: int) -> dict[str, int]:
+    """transformers generate inside the training process (no vLLM): the state, the reference model of
+    beta > 0, autocast's weight copies and generate's working set for `sequences` at once."""
+    arch = job.architecture
+    reference = reference_model(arch, gpus, sharding)[0] if job.beta > 0 else {}
+    return {**training_state(arch, gpus, sharding), **reference, "autocast bf16 weight copies": 2 * arch.parameters,
+            **hf_generation(arch, sequences, job.prompt_tokens, job.new_tokens, 2)}
 
 
 def _grpo_candidate(job: JobSpec, gpu: GpuType, gpus: int, micro: int) -> tuple[Memory, float | None, int] | None:
     """(memory per GPU, vLLM utilization, concurrent sequences) at micro-batch `micro`: vLLM gets
     what the training process leaves (within the plan's headroom); None if not even one sequence fits."""
-    arch, sharding = job.architecture, _sharding(gpus)
+    sharding = _sharding(gpus)
     per_process = job.prompts * job.samples // gpus
     train = _grpo_train_parts(job, gpus, sharding, micro)
     if job.backend != "vllm":  # transformers generate in the training process (the GPU smoke script)
-        gen = {**training_state(arch, gpus, sharding), "autocast bf16 weight copies": 2 * arch.parameters,
-               **hf_generation(arch, per_process, job.prompt_tokens, job.new_tokens, 2)}
+        gen = _grpo_generate_parts(job, gpus, sharding, per_process)
         memory = max((_with_slack(train), _with_slack(gen)), key=lambda m: m.total)
         return (memory, None, per_process) if memory.total <= PLAN_HEADROOM * gpu.memory_bytes else None
     left = int(PLAN_HEADROOM * gpu.memory_bytes - (1 + ALLOCATOR_SLACK) * sum(train.values()) - CUDA_PROCESS_BYTES)
@@ -324,7 +359,7 @@ def _grpo_candidate(job: JobSpec, gpu: GpuType, gpus: int, micro: int) -> tuple[
         engine, concurrent, util = _vllm_choice(job, gpu, per_process, left, VLLM_TRL_BATCHED_TOKENS)
     except PlanError:
         return None
-    granted = int(util * gpu.memory_bytes)
+    granted = granted_bytes(util, gpu.total_bytes)
     return _with_slack({**train, **engine, "vLLM budget rounding": granted - sum(engine.values())}), util, concurrent
 
 
@@ -353,8 +388,9 @@ def _grpo_plan(job: JobSpec, gpu: GpuType, gpus: int, sharding: str, micro: int,
     step = runtime.grpo_step_seconds(arch, gpu, gpus=gpus, completions=completions, concurrent=concurrent,
                                      prompt=job.prompt_tokens, new=job.new_tokens, micro_batch=micro,
                                      checkpointing=job.checkpointing, sharded=sharding != "none",
-                                     vllm=job.backend == "vllm")
-    host_memory = peak(host.gpu_job_host(arch, "grpo", processes=gpus, engines=0))
+                                     vllm=job.backend == "vllm", reference=job.beta > 0)
+    host_memory = peak(host.gpu_job_host(arch, "grpo", processes=gpus, engines=0, reference=job.beta > 0,
+                                         sharded=sharding != "none"))
     return JobPlan(job, gpus, memory, gpu.memory_bytes, host_memory,
                    runtime.start_seconds(arch) + job.iterations * step, sharding=sharding, micro_batch=micro,
                    grad_accum=completions // (gpus * micro), vllm_gpu_memory_utilization=util,
@@ -378,12 +414,11 @@ def _grpo_misfit(job: JobSpec, gpu: GpuType, gpus: int) -> str:
     if job.backend == "vllm":
         parts.update(vllm_engine(arch, job.weight_dtype, job.max_model_len, 1, VLLM_TRL_BATCHED_TOKENS))
     else:
-        gen = {**training_state(arch, gpus, sharding), "autocast bf16 weight copies": 2 * arch.parameters,
-               **hf_generation(arch, max(1, job.prompts * job.samples // gpus), job.prompt_tokens, job.new_tokens, 2)}
+        gen = _grpo_generate_parts(job, gpus, sharding, max(1, job.prompts * job.samples // gpus))
         parts = max((parts, gen), key=lambda p: sum(p.values()))
     memory = _with_slack(parts)
     return (f"{job.label}: needs {memory.gib:.1f} GiB per GPU on {gpus} x {gpu.name} even at micro-batch 1 "
-            f"({memory.describe()}), but a {gpu.name} has {gpu.memory_gib:.1f} GiB, of which the plan fills at "
+            f"({memory.describe()}), but one {gpu.name} has {gpu.memory_gib:.1f} GiB, of which the plan fills at "
             f"most {PLAN_HEADROOM:.0%}. Give it more GPUs (GRPO shards with FSDP), a larger GPU type, or "
             f"fewer completions or tokens per step.")
 
@@ -397,7 +432,7 @@ def _plan_eval_vllm(job: JobSpec, gpu: GpuType) -> JobPlan:
     batched, max_seqs = _vllm_defaults(gpu)
     total = job.prompts * job.samples
     engine, concurrent, util = _vllm_choice(job, gpu, min(total, max_seqs), gpu.memory_bytes, batched)
-    granted = int(util * gpu.memory_bytes)
+    granted = granted_bytes(util, gpu.total_bytes)
     memory = _with_slack({**engine, "vLLM budget rounding": granted - sum(engine.values())}, cuda_process=False)
     seconds = runtime.start_seconds(arch) + runtime.batched_decode_seconds(
         arch, gpu, total, concurrent, job.prompt_tokens, job.new_tokens)

@@ -49,6 +49,67 @@ NCCL_BYTES = GIB // 2
 # tensors a process holds (estimate; `expandable_segments` lowers it).
 ALLOCATOR_SLACK = 0.05
 
+# --------------------------------------------------------------------------- ES weight math
+
+# vLLM pads the embedding and lm_head rows to a multiple of 64 (vllm/model_executor/layers/
+# vocab_parallel_embedding.py, DEFAULT_VOCAB_PADDING_SIZE); the ES master copies them padded.
+VLLM_VOCAB_PADDING = 64
+
+
+def es_tensors(arch: Architecture, layout: str) -> list[tuple[int, bool]]:
+    """(elements, assembled) of each distinct tensor shape an ES master holds: the HF tensors
+    (`layout` "hf"), or vLLM's (`"vllm"`: q/k/v and gate/up fused, the vocabulary padded).
+    `assembled`: its noise is built from pieces (`esgrpo.engines.vllm_layout.fused_noise`: the
+    parts' noise concatenated, or zeros with the rows' noise written in), so it briefly takes
+    twice the tensor."""
+    h, inter, q, kv = arch.hidden_size, arch.intermediate_size, arch.q_dim, arch.kv_dim
+    rows = arch.vocab_size
+    if layout == "vllm":
+        rows = math.ceil(rows / VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING
+        qkv = [((q + 2 * kv) * h, True)] + ([(q + 2 * kv, True)] if arch.qkv_bias else [])
+        mlp = [(2 * inter * h, True), (h * inter, False)]
+    else:
+        qkv = [(q * h, False), (kv * h, False)] + ([(q, False), (kv, False)] if arch.qkv_bias else [])
+        mlp = [(h * inter, False)]
+    vocab = (rows * h, rows != arch.vocab_size)
+    return [vocab, *qkv, (h * q, False), *mlp, (h, False)]
+
+
+def es_tensor_bytes(n: int, assembled: bool, theta0_here: bool = False) -> dict[str, int]:
+    """Bytes beside the fp32 master while ES works on one tensor of n elements, by operation
+    (c = min(n, NORM_CHUNK_ELEMENTS)):
+
+    - perturb (`ESWorkerExtension.es_perturb`, a member of `perturbed_population`): the noise 4n
+      and the member 4n (an assembled noise's pieces are freed before the member is made);
+    - update (`esgrpo.es.ops.apply_update`): the fp32 step 4n and one noise draw 4n (8n while an
+      assembled one is built), then the norm's float64 chunk and its square, 16c;
+    - distance from theta0 (`esgrpo.es.ops.squared_norm`): vLLM engine 0 keeps theta0 on the host
+      and subtracts on the GPU in float64 (theta's chunk, theta0's, their difference: 24c); the
+      transformers backend (`theta0_here`) subtracts in fp32 first (4n), then squares chunks (16c).
+    Counted from the code; `benchmarks/es_update_memory.py` measures each (tests/test_plan.py).
+    """
+    from esgrpo.es.settings import NORM_CHUNK_ELEMENTS
+
+    c = min(n, NORM_CHUNK_ELEMENTS)
+    return {"perturb": 8 * n,
+            "update": 4 * n + max(8 * n if assembled else 4 * n, 16 * c),
+            "distance": 4 * n + 16 * c if theta0_here else 24 * c}
+
+
+def es_update_bytes(arch: Architecture, layout: str = "vllm", theta0_here: bool = False) -> int:
+    """The largest of `es_tensor_bytes` over the master's tensors: ES's working set beside theta."""
+    return max(max(es_tensor_bytes(n, assembled, theta0_here).values()) for n, assembled in es_tensors(arch, layout))
+
+
+def es_master_bytes(arch: Architecture, layout: str = "vllm") -> int:
+    """The fp32 master theta: every parameter, in vLLM's layout with its padded vocabulary rows."""
+    rows = arch.vocab_size
+    if layout == "vllm":
+        rows = math.ceil(rows / VLLM_VOCAB_PADDING) * VLLM_VOCAB_PADDING
+    padding = (rows - arch.vocab_size) * arch.hidden_size * (1 if arch.tie_word_embeddings else 2)
+    return 4 * (arch.parameters + padding)
+
+
 # --------------------------------------------------------------------------- vLLM
 
 # vLLM's KV cache is allocated in blocks of 16 tokens (vLLM EngineArgs block_size default).
@@ -64,7 +125,8 @@ VLLM_SMALL_GPU_BATCHED_TOKENS, VLLM_SMALL_GPU_MAX_SEQS = 8192, 256
 # vLLM's start-up log reports both; 0.5-1 GiB each for models of a few billion parameters).
 VLLM_CUDA_GRAPH_BYTES = 1 * GIB
 VLLM_NON_TORCH_BYTES = GIB // 2
-# vLLM's default gpu_memory_utilization (EngineArgs); the plan never asks an engine for more.
+# vLLM's default gpu_memory_utilization (EngineArgs), a share of the device total (`granted_bytes`);
+# the plan never asks an engine for more.
 VLLM_MAX_UTILIZATION = 0.9
 
 
@@ -183,6 +245,65 @@ def training_state(arch: Architecture, gpus: int, sharding: str) -> dict[str, in
     }
 
 
+def autocast_weight_copies(arch: Architecture, sharding: str) -> dict[str, int]:
+    """bf16 copies of the fp32 weights that autocast keeps to the end of a forward.
+
+    torch's autocast caches its bf16 cast of every fp32 leaf tensor that requires grad until the
+    autocast region ends (aten/src/ATen/autocast_mode.cpp, `cached_cast`; no grad-mode test), and
+    accelerate wraps the whole forward of a prepared model in one region (bf16 mixed precision). So a
+    forward of the fp32 policy on one GPU, the training forward and TRL's no-grad log-prob forwards
+    alike, ends holding a bf16 copy of every weight a matmul reads: 2 bytes per parameter of the
+    linear layers and the LM head (the embedding lookup and the RMSNorms run uncast; a tied embedding
+    is cast as the head). `benchmarks/autocast_memory.py` measures it on this CPU (tests/test_plan.py).
+    Sharded over FSDP the gathered units are already bf16 (accelerate's MixedPrecisionPolicy), so
+    nothing is cast.
+    """
+    if sharding != "none":
+        return {}
+    norms = (2 * arch.num_hidden_layers + 1) * arch.hidden_size
+    norms += 2 * arch.head_dim * arch.num_hidden_layers if arch.qk_norm else 0
+    uncast = norms + (0 if arch.tie_word_embeddings else arch.embedding_parameters)
+    return {"autocast bf16 copies of the fp32 weights (to the forward's end)": 2 * (arch.parameters - uncast)}
+
+
+# TRL 1.16 builds the reference model of beta > 0 in the policy's dtype (trl/trainer/grpo_trainer.py,
+# `model_init_kwargs.setdefault("dtype", self.model.dtype)`): fp32 here, where the policy is loaded in
+# fp32 for bf16 autocast (`esgrpo.grpo.distributed.load_policy`).
+REFERENCE_DTYPE = "float32"
+
+
+def reference_model(arch: Architecture, gpus: int, sharding: str) -> tuple[dict[str, int], dict[str, int]]:
+    """TRL's reference model (beta > 0): (what stays on each GPU, what its forward adds there).
+
+    One process: the whole model in the policy's dtype, on the GPU (`accelerator.prepare_model`), and
+    its forward's autocast copies (`autocast_weight_copies`: its parameters require grad, as
+    `from_pretrained` leaves them). FSDP: TRL's `prepare_fsdp` calls `fully_shard` on the root module
+    only, so the whole model is one FSDP unit: a 1/gpus shard stays and every reference forward
+    all-gathers all of it, in bf16 (the mixed-precision policy). ZeRO-3 (`prepare_deepspeed`): a bf16
+    shard, gathered up to DeepSpeed's live-parameter bound.
+    """
+    p, width = arch.parameters, dtype_bytes(REFERENCE_DTYPE)
+    if sharding == "none" or gpus == 1:
+        return ({f"reference model ({REFERENCE_DTYPE}, beta > 0)": width * p},
+                {"reference forward: autocast bf16 copies": 2 * p})
+    if sharding == "fsdp":
+        return ({f"reference model ({REFERENCE_DTYPE} / {gpus} GPUs, FSDP)": math.ceil(width * p / gpus)},
+                {"reference forward: the whole model gathered (bf16, one FSDP unit)": 2 * p})
+    return ({f"reference model (bf16 / {gpus} GPUs, ZeRO-3)": math.ceil(2 * p / gpus)},
+            {"reference forward: gathered parameters (bf16)": 2 * min(p, ZERO3_MAX_LIVE_PARAMETERS)})
+
+
+def scoring_forward(arch: Architecture, micro_batch: int, seq_len: int, act_bytes: int = 2) -> dict[str, int]:
+    """One chunk of TRL's no-grad log-prob forwards (the importance-sampling and reference forwards run in
+    chunks of the micro-batch: `_get_per_token_logps_and_entropies(batch_size=per_device_train_batch_size)`):
+    one layer's activations and the fused log-prob head's forward: one [tokens, vocab] tile and the
+    fp32 hidden states it reads (`logprob_head_bytes` without the backward's buffers)."""
+    tokens = micro_batch * seq_len
+    rows, cols = min(tokens, TRL_LOGPROB_TOKENS), min(arch.vocab_size, TRL_LOGPROB_VOCAB)
+    return {"log-prob forward (one layer, no grad)": tokens * layer_activation_bytes(arch, act_bytes, 4),
+            "log-prob forward head (tile, fp32 hidden states)": rows * cols * act_bytes + tokens * arch.hidden_size * 4}
+
+
 # --------------------------------------------------------------------------- generation
 
 
@@ -259,6 +380,15 @@ def vllm_sequences_that_fit(arch: Architecture, dtype: str, max_model_len: int, 
     return max(0, int((budget - sum(fixed.values())) // per_sequence))
 
 
-def utilization_for(need: int, gpu_bytes: int) -> float:
-    """vLLM's gpu_memory_utilization that grants `need` bytes, rounded up to a hundredth."""
-    return math.ceil(100 * need / gpu_bytes) / 100
+def utilization_for(need: int, total_bytes: int) -> float:
+    """vLLM's gpu_memory_utilization that grants `need` bytes on a GPU whose device total is
+    `total_bytes` (`GpuType.total_bytes`, not the usable memory: see `granted_bytes`), rounded up
+    to a hundredth (in integers, so a need of exactly 0.9 x total asks for 0.9, not 0.91)."""
+    return -(-100 * int(need) // int(total_bytes)) / 100
+
+
+def granted_bytes(utilization: float, total_bytes: int) -> int:
+    """What vLLM takes for an engine: ceil(gpu_memory_utilization x the device total), its
+    `requested_memory` (vllm/v1/worker/utils.py `request_memory`; vLLM 0.31), inside which it fits
+    weights, activation peak, non-torch memory and the KV cache."""
+    return math.ceil(utilization * total_bytes)

@@ -22,7 +22,11 @@ Training (GRPO): 6 x parameters x tokens FLOPs for forward and backward, + 2 x p
 tokens for the recomputed forward under activation checkpointing, at half the bf16 matmul rate
 PyTorch reaches (395 TFLOP/s on an H200: half of docs/references.md's ~790), plus FSDP's
 parameter gathers and gradient reduce-scatter, the AdamW step (memory-bound) and TRL's weight
-push into vLLM every step (estimates: no GPU measured them here).
+push into vLLM every step (estimates: no GPU measured them here). Before training on them, TRL
+scores the step's completions with no-grad forwards (2 x parameters x tokens each, in chunks of
+the micro-batch): the policy's importance-sampling forward whenever vLLM generates (GRPOConfig
+`vllm_importance_sampling_correction`, default True in TRL 1.16; `_generate_and_score_completions`
+computes `old_per_token_logps` for it), and the reference model's when beta > 0.
 
 CPU (the offline default, SmolLM2): generation at ~20 GFLOP/s of model arithmetic plus ~67 us of
 Python per generated token (docs/references.md: 4.2M params ~2,000 tok/s, SmolLM2-135M ~85 tok/s,
@@ -53,8 +57,12 @@ MATMUL_SHARE = 0.5
 SHARDED_BYTES_PER_PARAM, SHARDED_LINK_BYTES_PER_S = 6, 150e9
 # Fixed cost of one micro-batch's forward and backward beyond its FLOPs (kernel launches and
 # autograd bookkeeping of ~30 checkpointed layers, TRL's per-batch Python): ~0.1 s (estimate). It
-# is what makes the plan prefer fewer, larger micro-batches when memory allows.
+# is what makes the plan prefer fewer, larger micro-batches when memory allows. A no-grad scoring
+# forward launches one of the four passes' kernels (forward, recomputed forward, backward ~ 2): a quarter.
 MICRO_STEP_SECONDS = 0.1
+SCORING_CHUNK_SECONDS = MICRO_STEP_SECONDS / 4
+# A forward under FSDP all-gathers the parameters once, in bf16: a third of SHARDED_BYTES_PER_PARAM.
+FORWARD_GATHER_BYTES_PER_PARAM = 2
 # TRL's colocated weight push into vLLM every step: a gather and `load_weights` of 2 bytes per
 # parameter at ~20 GB/s, plus ~2 s of fixed cost (estimate; docs/cluster.md assumed 15-20 s
 # including scheduling, which the GPU smoke cannot measure without vLLM).
@@ -143,22 +151,47 @@ def grpo_training_seconds(arch: Architecture, gpu: GpuType, *, tokens: int, micr
     return flops / (MATMUL_SHARE * gpu.bf16_tflops * 1e12) + micro_steps * MICRO_STEP_SECONDS
 
 
+def scoring_seconds(arch: Architecture, gpu: GpuType, *, tokens: int, chunks: int, sharded: bool) -> float:
+    """One of TRL's no-grad log-prob forwards over `tokens` tokens in `chunks` micro-batches on one GPU
+    (the importance-sampling forward, or the reference model's), its FSDP gathers included."""
+    flops = 2 * arch.parameters * tokens
+    gather = chunks * FORWARD_GATHER_BYTES_PER_PARAM * arch.parameters / SHARDED_LINK_BYTES_PER_S if sharded else 0.0
+    return flops / (MATMUL_SHARE * gpu.bf16_tflops * 1e12) + chunks * SCORING_CHUNK_SECONDS + gather
+
+
 def grpo_step_seconds(arch: Architecture, gpu: GpuType, *, gpus: int, completions: int, concurrent: int,
                       prompt: int, new: int, micro_batch: int, checkpointing: bool, sharded: bool,
-                      vllm: bool = True) -> float:
+                      vllm: bool = True, reference: bool = False) -> float:
     """One GRPO step on `gpus` processes, each with a colocated vLLM engine (see the module docstring);
-    vllm False: transformers generate in the training process (HF_GENERATE_SLOWDOWN, no weight push)."""
+    vllm False: transformers generate in the training process (HF_GENERATE_SLOWDOWN, no weight push, and no
+    importance-sampling forward: TRL corrects only vLLM's samples); reference: beta > 0, one more forward."""
+    return sum(grpo_step_parts(arch, gpu, gpus=gpus, completions=completions, concurrent=concurrent, prompt=prompt,
+                               new=new, micro_batch=micro_batch, checkpointing=checkpointing, sharded=sharded,
+                               vllm=vllm, reference=reference).values())
+
+
+def grpo_step_parts(arch: Architecture, gpu: GpuType, *, gpus: int, completions: int, concurrent: int,
+                    prompt: int, new: int, micro_batch: int, checkpointing: bool, sharded: bool,
+                    vllm: bool = True, reference: bool = False) -> dict[str, float]:
+    """`grpo_step_seconds` term by term (seconds)."""
     per_process = completions // gpus
     micro_steps = per_process // micro_batch
+    tokens = per_process * (prompt + new)
     generation = batched_decode_seconds(arch, gpu, per_process, concurrent, prompt, new)
-    training = grpo_training_seconds(arch, gpu, tokens=per_process * (prompt + new), micro_steps=micro_steps,
-                                     checkpointing=checkpointing)
-    gather = micro_steps * SHARDED_BYTES_PER_PARAM * arch.parameters / SHARDED_LINK_BYTES_PER_S if sharded else 0.0
-    adam = 3 * 16 * arch.parameters / gpus / (BANDWIDTH_SHARE * gpu.memory_tbps * 1e12)
-    sync = WEIGHT_SYNC_FIXED_S + 2 * arch.parameters / WEIGHT_SYNC_BYTES_PER_S
-    if not vllm:
-        generation, sync = generation * HF_GENERATE_SLOWDOWN, 0.0
-    return generation + training + gather + adam + sync + completions * REWARD_SECONDS / gpus
+    forward = scoring_seconds(arch, gpu, tokens=tokens, chunks=micro_steps, sharded=sharded)
+    parts = {
+        "generation": generation * (1 if vllm else HF_GENERATE_SLOWDOWN),
+        "importance-sampling forward": forward if vllm else 0.0,
+        "reference forward": forward if reference else 0.0,
+        "training": grpo_training_seconds(arch, gpu, tokens=tokens, micro_steps=micro_steps,
+                                          checkpointing=checkpointing),
+        "FSDP gathers": micro_steps * SHARDED_BYTES_PER_PARAM * arch.parameters / SHARDED_LINK_BYTES_PER_S
+        if sharded else 0.0,
+        "AdamW": 3 * 16 * arch.parameters / gpus / (BANDWIDTH_SHARE * gpu.memory_tbps * 1e12),
+        "weight sync": WEIGHT_SYNC_FIXED_S + 2 * arch.parameters / WEIGHT_SYNC_BYTES_PER_S if vllm else 0.0,
+        "rewards": completions * REWARD_SECONDS / gpus,
+    }
+    return parts
 
 
 def start_seconds(arch: Architecture) -> float:
