@@ -1,10 +1,12 @@
 # Helpers shared by the other .smk files: names, paths, input functions and parameters derived
 # from the config. Everything here is a constant or a function; the rules live in the stage
 # files (data, models, train, eval, analysis, tables, paper).
+import json
 import os
 import re
 from pathlib import Path
 
+from esgrpo.live import ENV as LIVE_ENV
 from esgrpo.analysis.settings import analysis_config, analysis_eval_settings
 from esgrpo.evaluation import heldout
 from esgrpo.config import check_config, judged_on, model_eval_tasks, model_warmup_tasks, software_env, task_splits
@@ -25,6 +27,10 @@ check_config(config)
 RESULTS = "results"
 MODELS = list(config["models"])
 TASKS = list(config["tasks"])
+
+# Live training curves (esgrpo.live): the logging block reaches the training jobs through the
+# environment, not as a rule parameter, so that changing where the curves go retrains nothing.
+os.environ[LIVE_ENV] = json.dumps({**config["logging"], "root": f"{RESULTS}/tensorboard"})
 
 # Every job's software under `--software-deployment-method conda`: the pinned CPU or GPU env.
 SOFTWARE_ENV = f"../envs/{software_env(config)}.yaml"
@@ -443,7 +449,7 @@ def base_eval_targets():
 
 
 def table_targets(name):
-    return [f"{RESULTS}/tables/{name}.{ext}" for ext in ("csv", "md", "tex")]
+    return [f"{RESULTS}/tables/{name}.{ext}" for ext in ("csv", "md", "tex", "html")]
 
 
 def figure_targets(name):

@@ -12,13 +12,15 @@ for _table, _category in PAPER_TABLES.items():
             unpack(paper_input_function(_table)),
         output:
             csv=f"{RESULTS}/tables/{_table}.csv",
-            md=report(
-                f"{RESULTS}/tables/{_table}.md",
+            md=f"{RESULTS}/tables/{_table}.md",
+            tex=f"{RESULTS}/tables/{_table}.tex",
+            # the report shows this page (the Markdown's frame as HTML); a Markdown file would be a download
+            html=report(
+                f"{RESULTS}/tables/{_table}.html",
                 caption=f"../report/{_table}.rst",
                 category=_category,
                 subcategory="tables",
             ),
-            tex=f"{RESULTS}/tables/{_table}.tex",
         params:
             stage=_table,
             setup=PAPER_SETUP,

@@ -1,4 +1,4 @@
-# The base model's table (CSV + Markdown + LaTeX) and figure, from its evaluation summaries
+# The base model's table (CSV + Markdown + LaTeX + the report's HTML) and figure, from its evaluation summaries
 # (esgrpo.report.base_table).
 
 
@@ -9,7 +9,18 @@ rule table_base_passk:
         csv=f"{RESULTS}/tables/base_passk.csv",
         md=f"{RESULTS}/tables/base_passk.md",
         tex=f"{RESULTS}/tables/base_passk.tex",
-        figure=f"{RESULTS}/figures/base_passk.png",
+        html=report(
+            f"{RESULTS}/tables/base_passk.html",
+            caption="../report/base_passk.rst",
+            category="Base model",
+            subcategory="tables",
+        ),
+        figure=report(
+            f"{RESULTS}/figures/base_passk.png",
+            caption="../report/base_passk_figure.rst",
+            category="Base model",
+            subcategory="figures",
+        ),
         figure_pdf=f"{RESULTS}/figures/base_passk.pdf",
     log:
         f"{RESULTS}/logs/tables/base_passk.log",

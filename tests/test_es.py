@@ -508,15 +508,22 @@ def test_sigkill_then_resume_gives_identical_weights(tmp_path):
             f"_kill_resume_job({str(out)!r}, {str(prog)!r}, 6, 0.4)")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent / "src")}
     child = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
+    deadline, appended = time.time() + 120, 0
     while time.time() < deadline and child.poll() is None:
-        if any(int(p.name.split("-")[1]) >= 2 for p in prog.glob("step-*")):
-            os.kill(child.pid, signal.SIGKILL)
-            break
+        # struck while the newest checkpoint is at 2 and metrics.jsonl has a row past it (appended every
+        # iteration; a file written only at checkpoints would hold 2 rows until the checkpoint at 4)
+        steps = [int(p.name.split("-")[1]) for p in prog.glob("step-*")]
+        if steps and max(steps) == 2 and (out / "metrics.jsonl").exists():
+            appended = len(read_jsonl(out / "metrics.jsonl"))
+            if appended >= 3:
+                os.kill(child.pid, signal.SIGKILL)
+                break
         time.sleep(0.01)
     child.wait()
     assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
     assert not (out / "summary.json").exists()  # it really died before the end
+    killed_rows = read_jsonl(out / "metrics.jsonl")
+    assert 3 <= len(killed_rows) < 6  # rows past the last checkpoint were on disk
     assert json.loads((prog / LOCK_NAME).read_text())["pid"] == child.pid  # its lock outlived it ...
     summary = _kill_resume_job(str(out), str(prog), 6, 0.0)
     assert summary["resumed_from"] in (2, 4)
@@ -526,7 +533,7 @@ def test_sigkill_then_resume_gives_identical_weights(tmp_path):
     for k in ref:
         assert torch.equal(ref[k], got[k]), k
     rows, ref_rows = read_jsonl(out / "metrics.jsonl"), read_jsonl(tmp_path / "ref" / "metrics.jsonl")
-    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    assert [r["iteration"] for r in rows] == [1, 2, 3, 4, 5, 6]  # cut back to the checkpoint, then appended
     for a, b in zip(rows, ref_rows, strict=True):
         assert a.keys() == b.keys()
         for k in a:

@@ -423,17 +423,20 @@ def test_train_run_launches_several_processes_through_accelerate(tmp_path, monke
     write_json(tmp_path / "info.json", {"verifier": "yesno"})
     calls = []
 
-    def launch(model, rows, verifier, settings, out_dir, progress_dir):
-        calls.append((model, len(rows), verifier, settings.num_processes, settings.sharding, str(progress_dir)))
+    def launch(model, rows, verifier, settings, out_dir, progress_dir, live):
+        calls.append((model, len(rows), verifier, settings.num_processes, settings.sharding, str(progress_dir),
+                      live.run_name, live.logdir))
         return {"method": "grpo", "steps": settings.steps}
 
     monkeypatch.setattr(grpo_launch, "launch_grpo", launch)
+    monkeypatch.setenv("ESGRPO_LIVE", json.dumps({"report_to": ["tensorboard"], "root": "tb"}))  # rules/common.smk
     settings = {**small_settings().to_dict(), "num_processes": 2, "sharding": "fsdp"}
     train_run({"train": str(tmp_path / "train.jsonl"), "info": str(tmp_path / "info.json")},
               {"summary": str(tmp_path / "run" / "summary.json")},
               {"method": "grpo", "settings": settings, "init_model": "m", "progress_dir": str(tmp_path / "p")},
               {"task": "sum_yesno", "run": "grpo-g4-s0", "model": "tiny"}, 1)
-    assert calls == [("m", 8, "yesno", 2, "fsdp", str(tmp_path / "p"))]
+    assert calls == [("m", 8, "yesno", 2, "fsdp", str(tmp_path / "p"), "tiny/sum_yesno/grpo-g4-s0",
+                      "tb/tiny/sum_yesno/grpo-g4-s0")]  # the live-curve settings reach the launch
     assert read_json(tmp_path / "run" / "summary.json")["init_model"] == "m"
 
 

@@ -17,7 +17,7 @@ import pytest
 from conftest import REPO, run_workflow
 
 from esgrpo.config import judged_on, model_eval_tasks
-from esgrpo.report import loading, planning, stages, stats
+from esgrpo.report import claim_estimates, frames, loading, planning, stages, stats
 from esgrpo.report.claims import CLAIMS, VERDICTS, Claim, claims_table, verdict
 from esgrpo.runs import planned_runs
 
@@ -165,7 +165,7 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
 def _outputs(tmp: Path, name: str, figure: bool = False) -> dict:
     if figure:
         return {"png": str(tmp / "figures" / f"{name}.png"), "pdf": str(tmp / "figures" / f"{name}.pdf")}
-    return {ext: str(tmp / "tables" / f"{name}.{ext}") for ext in ("csv", "md", "tex")}
+    return {ext: str(tmp / "tables" / f"{name}.{ext}") for ext in ("csv", "md", "tex", "html")}
 
 
 def build(root: Path, name: str, analysis: list[str], config: dict = CONFIG, figure: bool = False) -> dict:
@@ -730,3 +730,78 @@ def test_off_task_kl_covers_the_continual_stages(synthetic):
     claims = pd.read_csv(build(root, "claims", analysis)["csv"]).set_index("id")
     assert claims.loc["a_kl_off_task", "estimate"] == pytest.approx(0.03 - 0.003)
     assert Path(build(root, "kl_heatmap", analysis, figure=True)["png"]).stat().st_size > 10_000
+
+
+# --------------------------------------------------------------------------- what the tables say (issue 22)
+
+
+@pytest.fixture(scope="module")
+def saturated_synthetic(tmp_path_factory):
+    """The synthetic tree with every sum_yesno prompt solved by all n samples of the base and of the main ES
+    runs: their Pass@4 / Pass@8 on sum_yesno are 1.000 [1.000, 1.000]."""
+    root = tmp_path_factory.mktemp("paper_saturated")
+    analysis = make_results(root)
+    tiny = root / "results" / "tiny"
+    for path in [tiny / "base" / "eval_prompts.jsonl", *sorted((tiny / "sum_yesno").glob("es-n4-s*/eval_prompts.jsonl"))]:
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        path.write_text("".join(json.dumps({**r, "correct": r["n"]} if r["eval_task"] == "sum_yesno" else r) + "\n"
+                                for r in rows))
+    return root, analysis
+
+
+def test_saturated_cells_are_marked_and_left_out_of_the_counts(saturated_synthetic):
+    root, analysis = saturated_synthetic
+    out = build(root, "b_easy_setting", analysis)
+    table = pd.read_csv(out["csv"])
+    cells = table[table["scope"] == "cell"]
+    both = cells[cells["saturated"].astype(str) == "True"]
+    assert set(zip(both["method"], both["task"], both["k"], strict=True)) == {("ES", "sum_yesno", 4), ("ES", "sum_yesno", 8)}
+    assert both["below"].isna().all()  # not a comparison: neither below nor not below
+    totals = table[table["scope"] == "total"].set_index(["method", "k"])
+    assert totals.loc[("ES", 8), "n_cells"] == 2 and totals.loc[("ES", 8), "n_saturated"] == 1
+    assert totals.loc[("GRPO", 8), "n_cells"] == 3 and totals.loc[("GRPO", 8), "n_saturated"] == 0  # base alone
+    assert "Saturated: 2 of 12 comparisons" in Path(out["md"]).read_text()
+    passk = build(root, "b_passk", analysis)
+    md = Path(passk["md"]).read_text()
+    for k in (4, 8):  # base and ES on sum_yesno, in the same row
+        (line,) = [row for row in md.splitlines() if row.startswith("| tiny    | sum_yesno") and f"| pass@{k} " in row]
+        assert line.count("1.000 [1.000, 1.000] (saturated)") == 2, line
+    assert re.search(r"Saturated: \d+ of 33 Pass@k cells are 1.000 \[1.000, 1.000\]", md)
+    assert pd.read_csv(passk["csv"]).query("task == 'sum_yesno' and method == 'base' and metric == 'pass@8'")[
+        "saturated"].astype(str).tolist() == ["True"]
+    # the JS-diversity figure's frame knows which of its points sit at 0 by saturation
+    js = frames.js_gain_frame(loading.StageInputs(planning.paper_inputs(CONFIG, "js_diversity_vs_passk_gain", analysis,
+                                                                       results=str(root / "results")),
+                                                  {**planning.paper_setup(CONFIG),
+                                                   "wanted": planning.NEEDS["js_diversity_vs_passk_gain"]}))
+    on_sum = js[js["task"] == "sum_yesno"]
+    assert len(on_sum) and on_sum["saturated"].all() and (on_sum["gain"] == 0).all()
+    assert not js[js["task"] != "sum_yesno"]["saturated"].any()
+
+
+def test_html_pages_are_the_markdown_tables(synthetic):
+    """The report's page of a table (its .html) holds the Markdown's rows and cells, caption and notes."""
+    root, analysis = synthetic
+    out = build(root, "a_accuracy", analysis)
+    md, html = Path(out["md"]).read_text(), Path(out["html"]).read_text()
+    md_rows = [line for line in md.splitlines() if line.startswith("| tiny")]
+    assert html.count("<tr") == len(md_rows) + 1  # + the header row
+    assert "(steps 5-7)" in html and html.startswith("<!DOCTYPE html>") and "<table" in html
+    assert "the window column and the cell" not in md and "each cell names its steps" in md  # what it shows
+
+
+def test_geometry_pairs_claims_tests_and_counts_read_as_they_say(synthetic):
+    root, analysis = synthetic
+    md = Path(build(root, "a_geometry", analysis)["md"]).read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| model"))
+    assert [c.strip() for c in header.strip("|").split("|")] == ["model", "task", "quantity", "pair", "pairwise",
+                                                                 "ES", "GRPO"]
+    assert "| dES vs dGRPO " in md and "| dES vs dES (2 seeds) " in md
+    assert claim_estimates.claim_test_text("~=0", 1.0, 0.1) == "within 1 ± 0.1"
+    assert claim_estimates.claim_test_text(">=", 0.0, 0.05) == ">= -0.05 (0 - margin 0.05)"
+    assert claim_estimates.claim_test_text(">", 0.0, 0.1) == "> 0.1 (0 + margin 0.1)"
+    assert claim_estimates.claim_test_text("<", 0.0, 0.0) == "< 0"
+    claims_md = Path(build(root, "claims", analysis)["md"]).read_text()
+    assert "~=0" not in claims_md and "within 0 ± 0.02" in claims_md
+    population = Path(build(root, "b_population", analysis)["md"]).read_text()
+    assert "| 1280 " in population and "1280.000" not in population

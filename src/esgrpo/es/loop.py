@@ -8,8 +8,8 @@ Per iteration t (the maths is `esgrpo.es.ops`; the weights live in an `esgrpo.es
 3. if every member scored the same, skip the update (z-scoring would divide by ~0) and log it;
    else normalise the fitness into weights and the backend applies
    ``theta += alpha / N * sum_n w_n sign_n eps_n``, accumulated in fp32, once;
-4. log a metrics row; export snapshots (`ESConfig.snapshots`); checkpoint theta every
-   `checkpoint_every` iterations.
+4. append the metrics row to `metrics.jsonl` (and the live curves, `esgrpo.live`); export snapshots
+   (`ESConfig.snapshots`); checkpoint theta every `checkpoint_every` iterations.
 
 Only seeds drive the randomness: every draw of iteration t comes from (seed, t), so a run killed
 at any point and resumed from its last checkpoint ends with bit-identical weights. The trainer
@@ -43,7 +43,8 @@ from esgrpo.es.ops import (
     rollout_seed,
 )
 from esgrpo.es.settings import ESConfig
-from esgrpo.io import read_json, write_json, write_jsonl
+from esgrpo.io import append_jsonl, read_json, write_json, write_jsonl
+from esgrpo.live import Eta, LiveLog, LiveSettings
 from esgrpo.metrics import population_js_diversity
 
 __all__ = ["SNAPSHOT_DIR", "run_record", "snapshot_dir", "snapshot_record", "train_es"]
@@ -131,12 +132,16 @@ def _resume_or_start(progress: ProgressFolder, backend: ESBackend, cfg: ESConfig
         state = progress.read_state(path)
         run.metrics, run.totals, run.resumed_from = state["metrics"], state["totals"], run.done
         backend.load_state(path)
+        # metrics.jsonl is appended every iteration: cut it back to the checkpoint's rows, so a resumed
+        # run's file is an uninterrupted one's
+        write_jsonl(out_dir / "metrics.jsonl", run.metrics)
         log(f"es: resuming after iteration {run.done} of {cfg.iterations} from {progress.path}")
         return
     if reason is not None:
         log(f"es: {reason}; starting afresh")
     progress.start_fresh(run.run_id)
     shutil.rmtree(out_dir / SNAPSHOT_DIR, ignore_errors=True)  # an earlier run's snapshots
+    (out_dir / "metrics.jsonl").unlink(missing_ok=True)  # and its rows
     log(f"es ({backend.name}): fresh run, {run.start.parameters:,} trainable parameters in {run.start.tensors} "
         f"tensors, N={cfg.population_size}, {cfg.iterations} iterations")
 
@@ -145,12 +150,13 @@ def _resume_or_start(progress: ProgressFolder, backend: ESBackend, cfg: ESConfig
 
 
 def train_es(backend: ESBackend, rows: Sequence[Row], cfg: ESConfig, out_dir: str | os.PathLike,
-             progress_dir: str | os.PathLike, log: Log = print) -> dict[str, Any]:
+             progress_dir: str | os.PathLike, log: Log = print, live: LiveSettings | None = None) -> dict[str, Any]:
     """Run ES on `backend`'s weights and write `out_dir`/{model/, metrics.jsonl, summary.json}.
 
     Checkpoints go to `progress_dir` every `cfg.checkpoint_every` iterations; a checkpoint of the
     same run (settings, rows, start weights) is resumed, anything else is cleared. The folder takes
-    one writer at a time (`esgrpo.checkpoint.WriterLock`). Returns the summary.
+    one writer at a time (`esgrpo.checkpoint.WriterLock`). `live`: where the live curves go
+    (`esgrpo.live`; None: nowhere). Returns the summary.
     """
     if not rows:
         raise ValueError("no training rows")
@@ -166,13 +172,17 @@ def train_es(backend: ESBackend, rows: Sequence[Row], cfg: ESConfig, out_dir: st
 
         bar = tqdm(total=cfg.iterations, initial=run.done, desc=f"es ({backend.name})", disable=None,
                    file=sys.stderr, dynamic_ncols=True)
-        for t in range(run.done, cfg.iterations):
-            row = _iteration(backend, rows, cfg, t, run.totals)
-            run.metrics.append(row)
-            run.done = t + 1
-            _after_iteration(backend, progress, cfg, run, out_dir, log)
-            bar.set_postfix(fitness=f"{row['fitness_mean']:.3f}", skipped=run.totals["skipped"], refresh=False)
-            bar.update(1)
+        eta = Eta(cfg.iterations, run.done)
+        with LiveLog(live, run.done, log) as curves:
+            for t in range(run.done, cfg.iterations):
+                row = _iteration(backend, rows, cfg, t, run.totals)
+                run.metrics.append(row)
+                run.done = t + 1
+                append_jsonl(out_dir / "metrics.jsonl", row)
+                curves.row(row)
+                _after_iteration(backend, progress, cfg, run, out_dir, log, eta(run.done))
+                bar.set_postfix(fitness=f"{row['fitness_mean']:.3f}", skipped=run.totals["skipped"], refresh=False)
+                bar.update(1)
         bar.close()
         return _finish(backend, cfg, run, out_dir)
 
@@ -245,7 +255,7 @@ def _js_diversity(backend: ESBackend, seeds_signs: list[tuple[int, float]], batc
 
 
 def _after_iteration(backend: ESBackend, progress: ProgressFolder, cfg: ESConfig, run: _Run, out_dir: Path,
-                     log: Log) -> None:
+                     log: Log, eta: str) -> None:
     """A snapshot, a checkpoint and a log line where the schedule asks for them."""
     done, row = run.done, run.metrics[-1]
     if done in cfg.snapshots:  # before the checkpoint: a run resumed past K has its snapshot
@@ -255,11 +265,10 @@ def _after_iteration(backend: ESBackend, progress: ProgressFolder, cfg: ESConfig
                                    run.run_id))
     if (cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.iterations:
         progress.write_checkpoint(done, backend.save_state, run.state(cfg))
-        write_jsonl(out_dir / "metrics.jsonl", run.metrics)
     if done % cfg.log_every == 0 or done == cfg.iterations:
         log(f"es ({backend.name}) it {done}/{cfg.iterations} fitness {row['fitness_mean']:.4f}"
             f"±{row['fitness_std']:.4f} max {row['fitness_max']:.4f} |step| {row['update_norm']:.3e} "
-            f"dist {row['distance_from_init']:.3e} tokens {row['generated_tokens']} {row['seconds']:.1f}s"
+            f"dist {row['distance_from_init']:.3e} tokens {row['generated_tokens']} {row['seconds']:.1f}s {eta}"
             + (" SKIPPED (all equal)" if row["skipped"] else ""))
 
 

@@ -33,6 +33,7 @@ from esgrpo.grpo.distributed import rank
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.grpo.trainer import train_grpo
 from esgrpo.io import read_json, read_jsonl, write_json, write_jsonl
+from esgrpo.live import LiveSettings
 
 __all__ = ["accelerate_config", "launch_command", "launch_grpo", "main"]
 
@@ -90,7 +91,8 @@ def launch_command(config_file: str | os.PathLike, job_file: str | os.PathLike, 
 
 def launch_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[dict], verifier: str,
                 settings: GRPOSettings | Mapping[str, Any], out_dir: str | os.PathLike,
-                progress_dir: str | os.PathLike, log: Callable[[str], Any] = print) -> dict[str, Any]:
+                progress_dir: str | os.PathLike, log: Callable[[str], Any] = print,
+                live: LiveSettings | None = None) -> dict[str, Any]:
     """`esgrpo.grpo.trainer.train_grpo` in settings.num_processes processes (one per GPU); returns rank 0's summary."""
     import yaml
 
@@ -106,7 +108,8 @@ def launch_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[dict], verif
         write_jsonl(folder / "rows.jsonl", list(rows))
         write_json(folder / "job.json", {"model": str(model_dir_or_ref), "rows": str(folder / "rows.jsonl"),
                                          "verifier": verifier, "settings": settings.to_dict(),
-                                         "out_dir": str(out_dir), "progress_dir": str(progress_dir)})
+                                         "out_dir": str(out_dir), "progress_dir": str(progress_dir),
+                                         "live": (live or LiveSettings()).to_dict()})
         (folder / "accelerate.yaml").write_text(yaml.safe_dump(accelerate_config(settings, cuda), sort_keys=True))
         command = launch_command(folder / "accelerate.yaml", folder / "job.json", settings.num_processes,
                                  _free_port())
@@ -127,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     job = read_json(job_file)
     try:
         train_grpo(job["model"], read_jsonl(job["rows"]), job["verifier"], GRPOSettings.from_dict(job["settings"]),
-                   job["out_dir"], job["progress_dir"], log=print if rank() == 0 else (lambda message: None))
+                   job["out_dir"], job["progress_dir"], log=print if rank() == 0 else (lambda message: None),
+                   live=LiveSettings.from_dict(job.get("live")))
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

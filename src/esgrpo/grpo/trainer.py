@@ -45,6 +45,7 @@ from esgrpo.checkpoint import ProgressFolder, fingerprint
 from esgrpo.grpo.distributed import host_copy, load_policy, main_first, norm_to, rank, save_policy, world_size
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.io import read_jsonl, write_json, write_jsonl
+from esgrpo.live import Eta, LiveLog, LiveSettings
 from esgrpo.tasks.rewards import SCHEMES, VERIFIERS, reward
 
 __all__ = [
@@ -236,17 +237,21 @@ class _MetricsRows:
     copy of the starting weights, update_norm against an fp32 copy taken as the step begins
     (the weights the optimiser step starts from). Cumulative totals (rollouts, tokens, seconds) continue from the rows
     of the checkpoint a run resumes from. In a multi-process run only rank 0 (`main`) keeps
-    the copies and writes; every rank joins the gathers of a sharded model.
+    the copies and writes; every rank joins the gathers of a sharded model. Each row also goes to the
+    live curves (`curves`, `esgrpo.live`: the tags ES writes) and its log line carries an ETA.
     """
 
     def __init__(self, model: torch.nn.Module, settings: GRPOSettings, rows_so_far: list[dict],
-                 metrics_paths: Sequence[Path], log: Callable[[str], Any], main: bool = True) -> None:
+                 metrics_paths: Sequence[Path], log: Callable[[str], Any], main: bool = True,
+                 curves: LiveLog | None = None) -> None:
         self.model = model
         self.settings = settings
         self.rows = rows_so_far
         self.metrics_paths = list(metrics_paths)
         self.log = log
         self.main = main
+        self.curves = curves or LiveLog(None)
+        self.eta = Eta(settings.steps, len(rows_so_far))
         self.theta0 = self._snapshot()  # taken before the trainer shards (or resumes) the model
         self.before: dict[str, torch.Tensor] | None = None
         self.snapped = False
@@ -323,10 +328,11 @@ class _MetricsRows:
         self.rows = [r for r in self.rows if r["iteration"] < step] + [row]
         for path in self.metrics_paths:  # progress_dir's copy is the one a resume reads
             write_jsonl(path, self.rows)
+        self.curves.row(row)
         self.log(f"grpo step {step}/{s.steps} reward {row['fitness_mean']:.4f}±{row['fitness_std']:.4f} "
                  f"zero-std {row['frac_reward_zero_std']:.2f} entropy {row['entropy']:.3f} "
                  f"|step| {row['update_norm']:.3e} dist {row['distance_from_init']:.3e} "
-                 f"len {mean_length:.1f} {row['seconds_step']:.2f}s")
+                 f"len {mean_length:.1f} {row['seconds_step']:.2f}s {self.eta(step)}")
 
 
 def _callback_class():
@@ -395,6 +401,8 @@ def grpo_config_kwargs(settings: GRPOSettings, progress_dir: Path, cuda: bool,
         **{_checkpointing_field(): bool(checkpointing) and s.sharding != "fsdp"},
         use_cpu=not cuda,
         logging_steps=1,
+        # Live curves go through the callback (`esgrpo.live`), under the tags ES writes too; TRL's own
+        # integrations would log a second copy of the same curves under TRL's names.
         report_to="none",
         disable_tqdm=True,
         save_strategy="steps" if s.save_every else "no",
@@ -439,17 +447,38 @@ def _check_vllm_dtype(trainer: Any, settings: GRPOSettings) -> None:
         raise RuntimeError(f"TRL's colocated vLLM engine runs {dtype}, not bfloat16 (training is bf16)")
 
 
+def _current_checkpointing_name(model: torch.nn.Module) -> None:
+    """Answer TRL's `model.is_gradient_checkpointing` with transformers' current name for it.
+
+    TRL 1.16 reads `is_gradient_checkpointing` before every generation (trl/models/utils.py:
+    `unwrap_model_for_generation`, `disable_gradient_checkpointing`). From transformers 5.18 that property
+    is a deprecated alias of `is_activation_checkpointing` that warns (transformers/modeling_utils.py);
+    the warning shows once, then again after every checkpoint save, because the Trainer saves the
+    scheduler inside `warnings.catch_warnings()`, which resets Python's once-per-location registry. The
+    model's class gets a same-named subclass whose `is_gradient_checkpointing` is the current property:
+    the same value, no deprecated call. (The class name is what `save_pretrained` writes to the config's
+    `architectures`, so it stays the same.) On transformers < 5.18 there is nothing to do.
+    """
+    cls = type(model)
+    current = getattr(cls, "is_activation_checkpointing", None)
+    if current is None or cls.__dict__.get("_esgrpo_current_name"):
+        return
+    model.__class__ = type(cls.__name__, (cls,), {"is_gradient_checkpointing": current,
+                                                  "_esgrpo_current_name": True, "__module__": cls.__module__})
+
+
 def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifier: str,
                settings: GRPOSettings | Mapping[str, Any], out_dir: str | os.PathLike,
-               progress_dir: str | os.PathLike, log: Callable[[str], Any] = print) -> dict[str, Any]:
+               progress_dir: str | os.PathLike, log: Callable[[str], Any] = print,
+               live: LiveSettings | None = None) -> dict[str, Any]:
     """Run GRPO from `model_dir_or_ref` and write `out_dir`/{model/, metrics.jsonl, summary.json}.
 
     rows: task rows {id, prompt (chat messages), answer, meta}; verifier: a name in
     `esgrpo.tasks.rewards.VERIFIERS`. TRL checkpoints go to `progress_dir` every
     `settings.save_every` steps; a rerun with the same settings, rows and start model resumes
     from the newest whole checkpoint (another run's leftovers are cleared). The folder takes one
-    writer at a time (`esgrpo.checkpoint.WriterLock`; in a multi-process launch, rank 0's). Returns
-    the summary.
+    writer at a time (`esgrpo.checkpoint.WriterLock`; in a multi-process launch, rank 0's). `live`:
+    where rank 0 writes the live curves (`esgrpo.live`; None: nowhere). Returns the summary.
     """
     settings = settings if isinstance(settings, GRPOSettings) else GRPOSettings.from_dict(settings)
     if verifier not in VERIFIERS:
@@ -466,17 +495,19 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     with ProgressFolder(progress_dir, CHECKPOINT_PREFIX, lock=rank() == 0) as progress:
-        return _train(model_dir_or_ref, rows, verifier, settings, out_dir, progress, cuda, log)
+        return _train(model_dir_or_ref, rows, verifier, settings, out_dir, progress, cuda, log, live)
 
 
 def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, settings: GRPOSettings,
-           out_dir: Path, progress: ProgressFolder, cuda: bool, log: Callable[[str], Any]) -> dict[str, Any]:
+           out_dir: Path, progress: ProgressFolder, cuda: bool, log: Callable[[str], Any],
+           live: LiveSettings | None = None) -> dict[str, Any]:
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
 
     main = rank() == 0
     order = prompt_order(len(rows), settings.steps, settings.prompts_per_step, settings.seed)
     model, tokenizer = load_policy(model_dir_or_ref, settings, cuda)
+    _current_checkpointing_name(model)
     use_cache = getattr(model.config, "use_cache", True)
     theta0 = {n: p.detach().to(torch.float32) for n, p in model.named_parameters()}
     run_id = fingerprint({"settings": settings.trajectory_settings(), "rows": rows}, theta0)
@@ -493,7 +524,8 @@ def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, 
     train_rows = [rows[i] for i in order]
     max_model_len = _vllm_max_model_len(settings, tokenizer, train_rows) if settings.use_vllm else None
     metrics_paths = [progress.path / "metrics.jsonl", out_dir / "metrics.jsonl"]
-    callback = _callback_class()(model, settings, rows_so_far, metrics_paths, log, main)
+    curves = LiveLog(live if main else None, resume[0] if resume is not None else 0, log)
+    callback = _callback_class()(model, settings, rows_so_far, metrics_paths, log, main, curves)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[make_reward_function(verifier, settings.reward_scheme, settings.format_bonus)],
@@ -505,7 +537,8 @@ def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, 
     if settings.use_vllm:
         _check_vllm_dtype(trainer, settings)
     trainer.remove_callback(PrinterCallback)  # it prints every raw log dict; the callback logs a line instead
-    trainer.train(resume_from_checkpoint=str(resume[1]) if resume is not None else None)
+    with curves:
+        trainer.train(resume_from_checkpoint=str(resume[1]) if resume is not None else None)
     return _finish(trainer, callback, tokenizer, use_cache, settings, out_dir, resume, main)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from esgrpo.io import read_json
-from esgrpo.report.figures import pyplot, save_figure
+from esgrpo.report.figures import log2_k_axis, pyplot, save_figure
 from esgrpo.report.writing import format_floats, write_table
 
 PASSK_COLUMNS = ["pass@1", "pass@2", "pass@4", "pass@8", "pass@16", "pass@32"]
@@ -44,7 +44,7 @@ def base_passk(input: dict, output: dict, params: dict, wildcards: dict, threads
     fig, ax = plt.subplots(figsize=(5, 3.5))
     try:
         sns.lineplot(data=long, x="k", y="pass_at_k", hue="eval_task", style="model", marker="o", ax=ax)
-        ax.set_xscale("log", base=2)
+        log2_k_axis(ax, sorted(set(long["k"])))
         ax.set_ylabel("Pass@k")
         ax.set_title("Base model coverage")
         sns.move_legend(ax, "center left", bbox_to_anchor=(1.0, 0.5), frameon=False)  # not over the curves

@@ -323,6 +323,17 @@ def build_claims(data: StageInputs) -> pd.DataFrame:
     return table
 
 
+def claim_test_text(comparison: str, threshold: float, margin: float) -> str:
+    """A claim's test as a reader checks it against the CI: the bound that `esgrpo.report.claims.verdict`
+    compares with, e.g. "> 0.05 (0 + margin 0.05)", "within 1 ± 0.1", "<= 0"."""
+    if comparison == "~=0":  # equivalence: the CI inside threshold +- margin
+        return f"within {threshold:g} ± {margin:g}" if margin else f"= {threshold:g}"
+    if not margin:
+        return f"{comparison} {threshold:g}"
+    sign = 1 if comparison in (">", "<=") else -1  # superiority / non-inferiority side of the threshold
+    return f"{comparison} {threshold + sign * margin:g} ({threshold:g} {'+' if sign > 0 else '-'} margin {margin:g})"
+
+
 def table_claims(data: StageInputs, output: dict) -> None:
     table = build_claims(data)
     caption = ("Claims of papers A and B, each judged from its measured analogue: estimate and 95% bootstrap CI "
@@ -334,8 +345,8 @@ def table_claims(data: StageInputs, output: dict) -> None:
     shown = pd.DataFrame({
         "id": table["id"], "paper": table["paper"], "statement": table["statement"],
         "measured analogue": table["metric"],
-        "test": [f"{c} {t:g}" + (f" (margin {m:g})" if m else "") for c, t, m in
-                 zip(table["comparison"], table["threshold"], table["margin"], strict=True)],
+        "test": [claim_test_text(c, t, m) for c, t, m in zip(table["comparison"], table["threshold"], table["margin"],
+                                                         strict=True)],
         "estimate [95% CI]": [fmt_ci(m, lo, hi) for m, lo, hi in
                               zip(table["estimate"], table["lo"], table["hi"], strict=True)],
         "paper (ours / paper)": ["" if pd.isna(p) else f"{p:g} ({fmt_ci(r, math.nan, math.nan, 2)})"

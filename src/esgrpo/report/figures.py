@@ -18,9 +18,9 @@ import numpy as np
 import pandas as pd
 
 from esgrpo.report.frames import drift_norms, entropy_labels, js_gain_frame, kl_sequence_label, theory_ratios
-from esgrpo.report.loading import StageInputs, cached_pass_at_k, run_labels
+from esgrpo.report.loading import StageInputs, cached_pass_at_k, run_labels, variant_of
 from esgrpo.report.paper_a import build_a_sequential
-from esgrpo.report.planning import METHOD_ORDER, ZSCORE_ONE_SIDED
+from esgrpo.report.planning import METHOD_ORDER, ZSCORE_ONE_SIDED, stage_one_aliases
 from esgrpo.report.stats import pearson_ci
 from esgrpo.report.writing import fmt_ci
 
@@ -52,7 +52,8 @@ def pyplot():
 def seaborn():
     import seaborn as sns
 
-    sns.set_theme(style="whitegrid", context="paper")
+    # "notebook" type sizes (paper's are 0.8x): legible when the report scales a figure to its page width
+    sns.set_theme(style="whitegrid", context="notebook")
     return sns
 
 
@@ -66,6 +67,29 @@ def draw_figure(output: dict, draw: Callable, nrows: int = 1, ncols: int = 1, si
         save_figure(fig, output["png"], output["pdf"])
     finally:
         plt.close(fig)
+
+
+def panel_grid(n: int, max_cols: int = 3) -> tuple[int, int]:
+    """(rows, columns) of `n` panels: one row up to `max_cols`, else a near-square grid of at most
+    `max_cols` columns. The report shows a figure scaled to its page's width and centred in its height (a
+    figure taller than the window loses its top), so figures stay at most ~13 in wide and wider than tall:
+    their text then stays legible there."""
+    n = max(n, 1)
+    cols = n if n <= max_cols else min(max_cols, math.ceil(math.sqrt(n)))
+    return math.ceil(n / cols), cols
+
+
+def log2_k_axis(ax, ks: Sequence[int]) -> None:
+    """A log2 x axis for k, ticked at powers of two as plain numbers (1, 2, 4, ... rather than 2^0, 2^1)."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([k for k in ks if k & (k - 1) == 0])
+    ax.get_xaxis().set_major_formatter(pyplot().FuncFormatter(lambda v, _pos: f"{v:g}"))
+
+
+def hide_unused(axes, used: int) -> None:
+    """Turn off the panels of a wrapped grid past the `used` first ones."""
+    for ax in np.ravel(axes)[used:]:
+        ax.axis("off")
 
 
 def shared_legend(fig, axes, title: str | None = None, extra: Sequence[tuple[Any, str]] = (),
@@ -100,8 +124,10 @@ def label_left(axes, ylabel: str) -> None:
 
 
 def palette_for(sns, levels: Sequence[str]) -> dict[str, Any]:
-    """One colour per level, the same in every panel of a figure."""
-    return dict(zip(levels, sns.color_palette(n_colors=max(len(levels), 1)), strict=False))
+    """One colour per level, the same in every panel of a figure; past the default palette's 10 colours,
+    evenly spaced hues (the default would repeat its colours)."""
+    n = max(len(levels), 1)
+    return dict(zip(levels, sns.color_palette(None if n <= 10 else "husl", n_colors=n), strict=False))
 
 
 def ordered(values: Sequence[str], order: Sequence[str] = METHOD_ORDER) -> list[str]:
@@ -145,17 +171,19 @@ def figure_passk_curves(data: StageInputs, output: dict) -> None:
             d = df[(df["model"] == model) & (df["task"] == task)]
             sns.lineplot(data=d, x="k", y="pass@k", hue="method", marker="o", markersize=4, ax=ax,
                          hue_order=[m for m in methods if m in set(d["method"])], palette=colours)
-            ax.set_xscale("log", base=2)
+            log2_k_axis(ax, sorted(set(d["k"])))
             ax.set_title(f"{model} / {task}")
+        hide_unused(axes, len(panels))
         label_left(axes, "Pass@k")
         shared_legend(fig, axes, "method")
 
-    draw_figure(output, draw, 1, max(1, len(panels)), size=(3.6, 3.0))
+    draw_figure(output, draw, *panel_grid(len(panels)), size=(4.2, 3.2))
 
 
 def _curve_figure(output: dict, metrics: pd.DataFrame, y: str, xs: Sequence[str], hue: str = "method",
                   ylabel: str | None = None) -> None:
-    """`y` against each of `xs` (rows) per (model, task) (columns), one line per `hue` (the same colour in
+    """`y` against each of `xs` (rows; with more than four tasks, each x's panels wrap) per (model, task)
+    (columns), one line per `hue` (the same colour in
     every panel; the band is the 95% interval over seeds where there are several)."""
     sns = seaborn()
     panels = sorted(set(zip(metrics["model"], metrics["task"], strict=True)))
@@ -163,21 +191,26 @@ def _curve_figure(output: dict, metrics: pd.DataFrame, y: str, xs: Sequence[str]
     colours = palette_for(sns, levels)
     metrics = metrics.assign(**{hue: metrics[hue].astype(str)})
 
+    per_row = min(4, max(1, len(panels)))  # panels of one x side by side; more tasks wrap to more rows
+    blocks = math.ceil(max(1, len(panels)) / per_row)
+
     def draw(fig, axes):
-        for row, x in enumerate(xs):
-            for col, (model, task) in enumerate(panels):
-                ax = axes[row, col]
+        for i, x in enumerate(xs):
+            for j, (model, task) in enumerate(panels):
+                ax = axes[i * blocks + j // per_row, j % per_row]
                 d = metrics[(metrics["model"] == model) & (metrics["task"] == task)].dropna(subset=[y, x])
                 if d.empty:
                     ax.axis("off")
                     continue
                 sns.lineplot(data=d, x=x, y=y, hue=hue, ax=ax, errorbar=("se", 1.96), palette=colours,
                              hue_order=[v for v in levels if v in set(d[hue])])
-                ax.set_title(f"{model} / {task}" if row == 0 else "")
+                ax.set_title(f"{model} / {task}")
+            for j in range(len(panels), blocks * per_row):
+                axes[i * blocks + j // per_row, j % per_row].axis("off")
         label_left(axes, ylabel or y)
         shared_legend(fig, axes, hue)
 
-    draw_figure(output, draw, len(xs), max(1, len(panels)), size=(3.8, 2.9))
+    draw_figure(output, draw, len(xs) * blocks, per_row, size=(3.3, 2.7))
 
 
 def figure_entropy_curves(data: StageInputs, output: dict) -> None:
@@ -216,37 +249,62 @@ def figure_js_diversity_vs_passk_gain(data: StageInputs, output: dict) -> None:
         ax.set_xlabel("mean population JS diversity over training (nats)")
         ax.set_ylabel(f"Pass@{k} - base Pass@{k}")
         r = pearson_ci(js["js_diversity"], js["gain"])
-        ax.set_title(f"ES runs (Pearson r = {fmt_ci(*r, digits=2)})")
+        title = f"ES runs (Pearson r = {fmt_ci(*r, digits=2)})"
+        n_saturated = int(js["saturated"].sum())
+        if n_saturated:  # those points sit at 0 whatever the diversity: say so where the eye lands on them
+            title += (f"\n{n_saturated} of {len(js)} points at 0: Pass@{k} saturated "
+                      f"(run and base solve every prompt)")
+        ax.set_title(title)
         shared_legend(fig, axes)
 
     draw_figure(output, draw, size=(5.5, 4))
 
 
+def without_stage_one_copies(frame: pd.DataFrame, setup: dict) -> pd.DataFrame:
+    """`frame` without the copies of a stage-1 main run under its continual name (``cl_es-s0-k1``;
+    `esgrpo.report.loading.with_stage_one`): in a figure of runs, one run is one set of points."""
+    copies = {(task, alias) for (task, _run), alias in stage_one_aliases(setup).items()}
+    if frame.empty or not copies:
+        return frame
+    keep = [(t, r) not in copies for t, r in zip(frame["task"], frame["run"], strict=True)]
+    return frame[keep].reset_index(drop=True)
+
+
 def figure_es_norm_theory(data: StageInputs, output: dict) -> None:
-    theory = data.analysis("theory")
+    """||theta_t - theta_0||^2 against the updates, one panel per (model, task), one colour per setting
+    (its seeds pooled), the theory alpha^2 T d / N dashed for the runs it is about (z-scored, one-sided)."""
+    theory = without_stage_one_copies(data.analysis("theory"), data.setup)
     if theory.empty:
         return placeholder(output, "ES norm vs theory", "no norm-theory analyses")
     sns = seaborn()
     x = "updates" if "updates" in theory else "iteration"
     fits = theory_ratios(theory)
-    ratio = {(m, t, r): v for m, t, r, v in zip(fits["model"], fits["task"], fits["run"], fits["ratio"], strict=True)}
-    applies = fits.loc[fits["applies"].astype(bool), "ratio"]
-    labelled = theory.assign(label=[f"{t}/{r} (x{ratio.get((m, t, r), math.nan):.2f})" + (
-        "" if k in ZSCORE_ONE_SIDED else ", theory n/a") for m, t, r, k in
-        zip(theory["model"], theory["task"], theory["run"], theory["run_kind"], strict=True)])
+    theory = theory.assign(setting=[variant_of(r) + ("" if k in ZSCORE_ONE_SIDED else " (theory n/a)")
+                                    for r, k in zip(theory["run"], theory["run_kind"], strict=True)])
+    panels = sorted(set(zip(theory["model"], theory["task"], strict=True)))
+    settings = ordered(theory["setting"])
+    colours = palette_for(sns, settings)
+    nrows, ncols = panel_grid(len(panels))
 
     def draw(fig, axes):
-        ax = axes[0, 0]
-        sns.scatterplot(data=labelled, x=x, y="sq_distance", hue="label", ax=ax, s=25)
-        for _label, g in labelled[labelled["run_kind"].isin(ZSCORE_ONE_SIDED)].groupby("label"):
-            ax.plot(g[x], g["theory_sq"], ls="--", lw=1, color="black")
-        ax.set_ylabel("||theta_t - theta_0||^2")
-        ax.set_xlabel("ES updates T")
-        summary = f"median slope ratio {applies.median():.2f}" if len(applies) else "no z-scored runs"
-        ax.set_title(f"dashed: alpha^2 T d / N (z-scored runs); {summary}")
-        ax.legend(title="run (slope / theory)", bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=7)
+        for ax, (model, task) in zip(axes.ravel(), panels, strict=False):
+            d = theory[(theory["model"] == model) & (theory["task"] == task)]
+            sns.scatterplot(data=d, x=x, y="sq_distance", hue="setting", palette=colours, ax=ax, s=28, legend=False)
+            for _run, g in d[d["run_kind"].isin(ZSCORE_ONE_SIDED)].groupby("run"):
+                ax.plot(g[x], g["theory_sq"], ls="--", lw=0.9, color="black", alpha=0.6, zorder=1)
+            f = fits[(fits["model"] == model) & (fits["task"] == task) & fits["applies"].astype(bool)]
+            ratio = f"slope / theory {f['ratio'].median():.2f}" if len(f) else "no z-scored run"
+            ax.set_title(f"{model} / {task}: {ratio}")
+            ax.set_xlabel("ES updates T")
+        for ax in axes.ravel()[len(panels):]:
+            ax.axis("off")
+        label_left(axes, "||theta_t - theta_0||^2")
+        line = pyplot().Line2D
+        entries = [(line([], [], ls="", marker="o", color=colours[v]), v) for v in settings]  # in order
+        shared_legend(fig, axes, "setting (seeds pooled)",
+                      [*entries, (line([], [], ls="--", lw=0.9, color="black"), "theory alpha^2 T d / N")])
 
-    draw_figure(output, draw, size=(6.5, 4))
+    draw_figure(output, draw, nrows, ncols, size=(4.2, 3.2))
 
 
 def figure_drift_by_module(data: StageInputs, output: dict) -> None:
@@ -269,10 +327,11 @@ def figure_drift_by_module(data: StageInputs, output: dict) -> None:
             ax.set_title(f"{model} / trained on {task}")
             ax.set_xlabel("")
             ax.tick_params(axis="x", rotation=30)
-        label_left(axes, "||delta|| / ||theta0|| per module type")
+        hide_unused(axes, len(tasks))
+        label_left(axes, "||delta|| / ||theta0||\nper module type")
         shared_legend(fig, axes, "method")
 
-    draw_figure(output, draw, 1, max(1, len(tasks)), size=(3.6, 3.0), sharey=True)
+    draw_figure(output, draw, *panel_grid(len(tasks)), size=(4.2, 3.4), sharey=True)
 
 
 def figure_sparsity_curves(data: StageInputs, output: dict) -> None:
@@ -304,10 +363,11 @@ def figure_sparsity_curves(data: StageInputs, output: dict) -> None:
             ax.set_xlim(0, 1.05)  # fractions: symlog would otherwise open an empty negative decade
             ax.set_xlabel("fraction of changed weights kept")
             ax.set_title(f"{model} / {task}" + (f" -> {eval_task}" if eval_task != task else ""))
+        hide_unused(axes, len(tasks))
         label_left(axes, "accuracy")
         shared_legend(fig, axes)
 
-    draw_figure(output, draw, 1, max(1, len(tasks)), size=(3.6, 3.0))
+    draw_figure(output, draw, *panel_grid(len(tasks)), size=(4.2, 3.2))
 
 
 # Interpolation panels, in the order paper A reads them: the three lam paths (mode connectivity),
@@ -343,15 +403,16 @@ def figure_interpolation(data: StageInputs, output: dict) -> None:
                 own = eval_task == task
                 ax.plot(g["lam"], g["greedy"], color=colours[eval_task], lw=2.6 if own else 1.1,
                         alpha=1.0 if own else 0.75, marker="o", ms=3.5 if own else 2.5, zorder=3 if own else 2)
-            ax.set_title(INTERPOLATION_PANELS[path][0] if r == 0 else "")
-            ax.set_xlabel(INTERPOLATION_PANELS[path][1] if r == len(rows) - 1 else "")
-            ax.set_ylabel(f"trained on {task}\n({model}) greedy acc." if c == 0 else "")
+            ax.set_title(INTERPOLATION_PANELS[path][0] if r == 0 else "", fontsize="medium")
+            ax.set_xlabel(INTERPOLATION_PANELS[path][1] if r == len(rows) - 1 else "", fontsize="small")
+            ax.set_ylabel(f"trained on {task}\n({model}) greedy acc." if c == 0 else "", fontsize="small")
         handles = [pyplot().Line2D([], [], color=colours[t], lw=1.5, marker="o", ms=3) for t in eval_tasks]
         own = pyplot().Line2D([], [], color="black", lw=2.6)
         shared_legend(fig, axes, "evaluated on", [*zip(handles, eval_tasks, strict=True),
                                                   (own, "thick: the row's trained task")], where="bottom")
 
-    draw_figure(output, draw, len(rows), max(1, len(paths)), size=(2.7, 2.2), sharey=True, sharex="col")
+    # six paths side by side at ~2.2 in each: ~13 in wide, legible when the report scales it down
+    draw_figure(output, draw, len(rows), max(1, len(paths)), size=(2.2, 1.9), sharey=True, sharex="col")
 
 
 def _heatmaps(output: dict, frame: pd.DataFrame, panel: tuple[str, str], index: str, value: str, title: str,
@@ -373,8 +434,9 @@ def _heatmaps(output: dict, frame: pd.DataFrame, panel: tuple[str, str], index: 
             ax.tick_params(axis="x", rotation=30)
             for label in ax.get_xticklabels():
                 label.set_horizontalalignment("right")
+        hide_unused(axes, len(panels))
 
-    draw_figure(output, draw, 1, max(1, len(panels)), size=(4.8, 4))
+    draw_figure(output, draw, *panel_grid(len(panels), max_cols=2), size=(5.4, 4.2))
 
 
 def figure_kl_heatmap(data: StageInputs, output: dict) -> None:
@@ -389,7 +451,8 @@ def figure_kl_heatmap(data: StageInputs, output: dict) -> None:
                    trained=np.where(continual, sequence.str.replace("continual stage ", "stage ") + ": " + kl["task"],
                                     kl["task"]))
     _heatmaps(output, kl, ("panel", "method"), "trained", "token_mean", "KL(base || model)", "trained on",
-              sort_rows=True, fmt=".3f", cmap="viridis", vmin=0, vmax=float(kl["token_mean"].max()))
+              sort_rows=True, fmt=".3f", cmap="viridis", vmin=0, vmax=float(kl["token_mean"].max()),
+              cbar_kws={"label": "token-mean KL(base || model) (nats)"})
 
 
 def figure_sequential_matrix(data: StageInputs, output: dict) -> None:
@@ -399,4 +462,4 @@ def figure_sequential_matrix(data: StageInputs, output: dict) -> None:
     accuracy = long[long["row"] == "accuracy"]
     accuracy = accuracy.assign(stage_label=accuracy["stage"].astype(str) + ": " + accuracy["stage_task"])
     _heatmaps(output, accuracy, ("model", "method"), "stage_label", "value", "greedy accuracy", "after stage",
-              sort_rows=False, fmt=".2f", cmap="magma", vmin=0, vmax=1)
+              sort_rows=False, fmt=".2f", cmap="magma", vmin=0, vmax=1, cbar_kws={"label": "test greedy accuracy"})

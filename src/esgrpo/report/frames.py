@@ -184,9 +184,10 @@ def theory_norms(theory: pd.DataFrame) -> pd.DataFrame:
 
 
 def js_gain_frame(data: StageInputs) -> pd.DataFrame:
-    """Per ES run: mean population JS diversity over training and its Pass@K gain over the base."""
+    """Per ES run: mean population JS diversity over training and its Pass@K gain over the base;
+    ``saturated``: the run and the base both solve every prompt at Pass@K (gain 0 by construction)."""
     metrics, prompts = data.metrics, data.prompts
-    cols = ["model", "task", "run", "variant", "js_diversity", "gain", "k"]
+    cols = ["model", "task", "run", "variant", "js_diversity", "gain", "k", "saturated"]
     if metrics.empty or prompts.empty or "js_diversity" not in metrics:
         return pd.DataFrame(columns=cols)
     k = max(common_ks(data.setup))
@@ -199,9 +200,10 @@ def js_gain_frame(data: StageInputs) -> pd.DataFrame:
         b = base[(base["model"] == model) & base["eval_task"].isin(judged_tasks(data.setup, model, task))]
         if trained.empty or b.empty:
             continue
+        ours, theirs = trained[f"pass@{k}"].mean(), b[f"pass@{k}"].mean()
         rows.append({"model": model, "task": task, "run": run, "variant": variant_of(run),
-                     "js_diversity": g["js_diversity"].mean(),
-                     "gain": trained[f"pass@{k}"].mean() - b[f"pass@{k}"].mean(), "k": k})
+                     "js_diversity": g["js_diversity"].mean(), "gain": ours - theirs, "k": k,
+                     "saturated": bool(ours >= 1 - 1e-9 and theirs >= 1 - 1e-9)})
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -31,8 +31,9 @@ CAPTIONS = {
                    "(mean [95% CI] over seeds and prompts). budget=iterations: final checkpoints after the "
                    "configured ES iterations / GRPO steps (ES (K it): the main ES run after K iterations, "
                    "es.snapshots); train reward rows (metrics.jsonl fitness_mean; ES: mean over the population): the mean "
-                   "over a window of logged steps (the last 10%, at least 3; the window column and the cell name "
-                   "it, 95% CI over seeds and the window's steps) ending at the final step (budget=iterations) or, "
+                   "over a window of logged steps (the last 10%, at least 3, at most half the run; each cell names its "
+                   "steps in brackets, the CSV's window column lists them; 95% CI over seeds and the window's steps) "
+                   "ending at the final step (budget=iterations) or, "
                    "budget=rollouts / generated_tokens, at the last step within the smaller of the two methods' "
                    "totals."),
     "a_sequential": ("Paper A: continual sequence {sequence}. Test greedy accuracy (mean [95% CI], seeds x prompts) on "
@@ -54,8 +55,10 @@ CAPTIONS = {
                    "layer / module type); barrier height of the linear path theta0 + (1-l) dES + l dGRPO "
                    "(max over interior l of the straight line between the end points minus the accuracy, >= 0; "
                    "computed from the interpolation curves); token-mean KL(base || model) on the base model's own "
-                   "continuations, on the training task and averaged over the other tasks. es-es / grpo-grpo "
-                   "cosines (two seeds of one method) are the reference for 'orthogonal'. 95% CIs over seeds (and tasks for off-task means)."),
+                   "continuations, on the training task and averaged over the other tasks. The pair column names what a "
+                   "pairwise value compares; the same-method pairs (two seeds of one method) are the reference for "
+                   "'orthogonal'; ES / GRPO columns hold each method's own KL. 95% CIs over seeds (and tasks for "
+                   "off-task means)."),
 }
 
 
@@ -222,18 +225,22 @@ def table_a_heldout(data: StageInputs, output: dict) -> None:
                      columns="quantity", notes=notes)
 
 
+# The pair a pairwise quantity compares (the cosine analysis' pair names), as a reader says it.
+PAIRS = {"es-grpo": "dES vs dGRPO", "es-es": "dES vs dES (2 seeds)", "grpo-grpo": "dGRPO vs dGRPO (2 seeds)"}
+PAIRWISE = "pairwise"  # the value column of a quantity of two runs (cosine, barrier), beside ES and GRPO
+
+
 def _cosine_rows(cosine: pd.DataFrame) -> list[dict]:
     rows = []
     glob = cosine[cosine["scope"] == "global"]
     for (model, task, pair), g in glob.groupby(["model", "task", "pair"], sort=True):
-        rows.append(stat({"model": model, "task": task, "quantity": f"cosine global ({pair})", "method": "pair"},
-                         ci_values(g["cosine"]), n=len(g)))
-        rows.append(stat({"model": model, "task": task, "quantity": f"|cosine| global ({pair})",
-                          "method": "pair"}, ci_values(g["cosine"].abs()), n=len(g)))
+        keys = {"model": model, "task": task, "pair": PAIRS.get(pair, pair), "method": PAIRWISE}
+        rows.append(stat({**keys, "quantity": "cosine global"}, ci_values(g["cosine"]), n=len(g)))
+        rows.append(stat({**keys, "quantity": "|cosine| global"}, ci_values(g["cosine"].abs()), n=len(g)))
     for (model, task, scope, pair), g in cosine[cosine["scope"] != "global"].groupby(
             ["model", "task", "scope", "pair"], sort=True):
-        rows.append(stat({"model": model, "task": task, "quantity": f"mean |cosine| per {scope} ({pair})",
-                          "method": "pair"}, ci_values(g["cosine"].abs()), n=len(g)))
+        rows.append(stat({"model": model, "task": task, "pair": PAIRS.get(pair, pair), "method": PAIRWISE,
+                          "quantity": f"mean |cosine| per {scope}"}, ci_values(g["cosine"].abs()), n=len(g)))
     return rows
 
 
@@ -243,8 +250,8 @@ def _barrier_rows(interp: pd.DataFrame) -> list[dict]:
     rows = []
     for (model, task, metric, on), g in per.groupby(["model", "task", "metric", "on_task"]):
         where = "on-task" if on else "off-task mean"
-        rows.append(stat({"model": model, "task": task, "quantity": f"barrier ES-GRPO ({metric}, {where})",
-                          "method": "pair"}, ci_values(g["barrier"]), n=len(g)))
+        rows.append(stat({"model": model, "task": task, "quantity": f"barrier height ({metric}, {where})",
+                          "pair": "ES -> GRPO path", "method": PAIRWISE}, ci_values(g["barrier"]), n=len(g)))
     return rows
 
 
@@ -255,9 +262,9 @@ def _kl_rows(kl: pd.DataFrame) -> list[dict]:
     for (model, task, method, sequence), g in kl.groupby(["model", "task", "method", "sequence"], sort=True):
         on, off = g[g["eval_task"] == task], g[g["eval_task"] != task]
         where = "" if sequence == "single task" else f", {sequence}"
-        rows.append(stat({"model": model, "task": task, "quantity": f"KL on-task (token mean{where})",
+        rows.append(stat({"model": model, "task": task, "quantity": f"KL on-task (token mean{where})", "pair": "",
                           "method": method}, ci_values(on["token_mean"]), n=len(on)))
-        rows.append(stat({"model": model, "task": task, "quantity": f"KL off-task (token mean{where})",
+        rows.append(stat({"model": model, "task": task, "quantity": f"KL off-task (token mean{where})", "pair": "",
                           "method": method}, ci_values(off["token_mean"]), n=len(off)))
     return rows
 
@@ -273,5 +280,5 @@ def build_a_geometry(data: StageInputs) -> pd.DataFrame:
 def table_a_geometry(data: StageInputs, output: dict) -> None:
     caption = CAPTIONS["a_geometry"]
     write_long_table(output, caption, build_a_geometry(data), "no cosine / interpolation / KL analyses for this "
-                     "config (they need both ES and GRPO runs and results/analysis)", ["model", "task", "quantity"],
-                     order=["pair", "ES", "GRPO"], notes=absent_notes(data.setup))
+                     "config (they need both ES and GRPO runs and results/analysis)",
+                     ["model", "task", "quantity", "pair"], order=[PAIRWISE, "ES", "GRPO"], notes=absent_notes(data.setup))

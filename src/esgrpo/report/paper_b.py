@@ -30,6 +30,7 @@ from esgrpo.report.stats import (
     paired_ci,
     passk_display_ks,
     ratio_ci,
+    saturated,
     smallest_sufficient,
     stat,
     tail,
@@ -58,12 +59,16 @@ CAPTIONS = {
                 "set, unbiased estimator per prompt, mean [95% CI] over seeds and prompts, for base, ES, GRPO, "
                 "ES->GRPO and GRPO->ES (sequential runs on the sequential task only). budget=iterations: final "
                 "checkpoints; train reward rows (metrics.jsonl): the mean over a window of logged steps (the last "
-                "10%, at least 3; the window column, 95% CI over seeds and the window's steps) ending at the final "
+                "10%, at least 3, at most half the run; each cell names its steps in brackets, the CSV's window column "
+                "lists them; 95% CI over seeds and the window's steps) ending at the final "
                 "step or, budget=rollouts / generated_tokens, at the matched budget."),
     "b_easy_setting": ("Paper B (easy setting): number of (model, task) cells where the trained model falls below the "
                        "base at Pass@k for the two largest evaluated k (paper: 16 and 32; GRPO below base in 15 of 18). "
                        "n_below counts point estimates (trained - base < 0, paired per prompt); n_significant counts "
-                       "cells whose 95% CI lies below 0."),
+                       "cells whose 95% CI lies below 0. A cell whose base and trained Pass@k are both saturated "
+                       "(1.000 [1.000, 1.000]: every prompt solved in every seed) cannot fall below the base: it is "
+                       "marked saturated and left out of n_cells, n_below and n_significant (n_saturated counts "
+                       "them)."),
     "b_sequential": ("Paper B: sequential training on one task. ES->GRPO (GRPO started from the ES run) and GRPO->ES: "
                      "Pass@1 vs Pass@K (K = largest evaluated k) against their single-method starts and the base; "
                      "differences paired per (seed, prompt). 95% CIs over seeds and prompts."),
@@ -125,17 +130,36 @@ def _reported_passk(setup: dict, row: pd.Series) -> PaperValue | None:
     return paper_value(setup, "b_passk", row["model"], row["task"], row["method"], row["metric"])
 
 
+def mark_saturated(long: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
+    """`long` with a ``saturated`` column (our Pass@k cells at 1.000 [1.000, 1.000], `stats.saturated`;
+    not the paper's rows nor the train reward) and the note that counts them."""
+    if long.empty:
+        return long, []
+    ours = long["metric"].astype(str).str.fullmatch(r"pass@\d+")
+    flags = [bool(o) and saturated(v, lo, hi) for o, v, lo, hi in
+             zip(ours, long["value"], long["value_lo"], long["value_hi"], strict=True)]
+    long = long.assign(saturated=flags)
+    n = int(sum(flags))
+    if not n:
+        return long, []
+    return long, [f"Saturated: {n} of {int(ours.sum())} Pass@k cells are 1.000 [1.000, 1.000] (every test prompt "
+                  "solved in every seed), marked (saturated): they cannot tell the methods apart; b_easy_setting "
+                  "leaves a comparison of two saturated cells out of its counts."]
+
+
 def table_b_passk(data: StageInputs, output: dict) -> None:
     caption = CAPTIONS["b_passk"]
-    long = build_b_passk(data)
-    notes = absent_notes(data.setup, sequential=True) + paper_notes(data.setup, "b_passk", long, "metric")
+    long, saturation = mark_saturated(build_b_passk(data))
+    notes = absent_notes(data.setup, sequential=True) + paper_notes(data.setup, "b_passk", long, "metric") + saturation
     write_long_table(output, caption, long, "no evaluations in this config",
                      ["model", "task", "budget", "matched_at", "metric"], order=METHOD_ORDER, notes=notes)
 
 
 def easy_setting_cells(data: StageInputs) -> pd.DataFrame:
     """Per (model, task, method in ES/GRPO, k in the two largest ks): method - base Pass@k, paired
-    per prompt; ``below`` = point estimate < 0, ``significant`` = CI upper bound < 0."""
+    per prompt; ``below`` = point estimate < 0, ``significant`` = CI upper bound < 0; ``saturated`` =
+    base and method both at 1.000 [1.000, 1.000] (`stats.saturated`), a comparison that cannot come out
+    below (its below / significant are left empty)."""
     rows = []
     test = data.on_task({"base", "es", "grpo"})
     for (model, task), g in test.groupby(["model", "task"], sort=True):
@@ -148,24 +172,30 @@ def easy_setting_cells(data: StageInputs) -> pd.DataFrame:
             for k in ks:
                 col = f"pass@{k}"
                 diff, lo, hi = paired_ci(run, base, col)
+                base_ci, trained_ci = ci_prompts(base, col), ci_prompts(run, col)
+                both = saturated(*base_ci) and saturated(*trained_ci)
                 rows.append({"model": model, "task": task, "method": method, "k": k,
-                             "base": ci_prompts(base, col)[0], "trained": ci_prompts(run, col)[0],
-                             "value": diff, "value_lo": lo, "value_hi": hi,
-                             "below": bool(diff < 0), "significant": bool(hi < 0)})
+                             "base": base_ci[0], "trained": trained_ci[0],
+                             "value": diff, "value_lo": lo, "value_hi": hi, "saturated": both,
+                             "below": None if both else bool(diff < 0), "significant": None if both else bool(hi < 0)})
     return pd.DataFrame(rows)
 
 
 def easy_setting_counts(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per (method, k): cells, cells below the base (point estimate) and significantly below."""
+    """Per (method, k): the compared cells (saturated ones left out, counted in n_saturated), those below
+    the base (point estimate) and those significantly below."""
+    columns = ["method", "k", "n_cells", "n_saturated", "n_below", "n_significant", "cells_below"]
     if cells.empty:
-        return pd.DataFrame(columns=["method", "k", "n_cells", "n_below", "n_significant", "cells_below"])
+        return pd.DataFrame(columns=columns)
     out = []
     for (method, k), g in cells.groupby(["method", "k"], sort=True):
-        out.append({"method": method, "k": int(k), "n_cells": len(g), "n_below": int(g["below"].sum()),
-                    "n_significant": int(g["significant"].sum()),
-                    "cells_below": ", ".join(f"{m}/{t}" for m, t in zip(g.loc[g["below"], "model"],
-                                                                         g.loc[g["below"], "task"], strict=True))})
-    return pd.DataFrame(out)
+        compared = g[~g["saturated"].astype(bool)]
+        below = compared["below"].astype(bool)
+        out.append({"method": method, "k": int(k), "n_cells": len(compared), "n_saturated": len(g) - len(compared),
+                    "n_below": int(below.sum()), "n_significant": int(compared["significant"].astype(bool).sum()),
+                    "cells_below": ", ".join(f"{m}/{t}" for m, t in zip(compared.loc[below, "model"],
+                                                                         compared.loc[below, "task"], strict=True))})
+    return pd.DataFrame(out, columns=columns)
 
 
 def table_b_easy_setting(data: StageInputs, output: dict) -> None:
@@ -175,12 +205,16 @@ def table_b_easy_setting(data: StageInputs, output: dict) -> None:
         return not_run_table(output, caption, "no trained runs to compare with the base model")
     counts = easy_setting_counts(cells)
     long = pd.concat([counts.assign(scope="total"), cells.assign(scope="cell")], ignore_index=True)
-    long = long[["scope", "method", "k", "n_cells", "n_below", "n_significant", "cells_below", "model", "task",
-                 "base", "trained", "value", "value_lo", "value_hi", "below", "significant"]]
+    long = long[["scope", "method", "k", "n_cells", "n_saturated", "n_below", "n_significant", "cells_below", "model",
+                 "task", "base", "trained", "value", "value_lo", "value_hi", "saturated", "below", "significant"]]
     long = long.rename(columns={"value": "diff", "value_lo": "diff_lo", "value_hi": "diff_hi"})
-    long = long.astype({"k": int, "n_cells": "Int64", "n_below": "Int64", "n_significant": "Int64",
-                        "below": "boolean", "significant": "boolean"})
-    write_table(long, output, caption, notes=absent_notes(data.setup))
+    long = long.astype({"k": int, "n_cells": "Int64", "n_saturated": "Int64", "n_below": "Int64",
+                        "n_significant": "Int64", "saturated": "boolean", "below": "boolean",
+                        "significant": "boolean"})
+    n_saturated = int(cells["saturated"].sum())
+    notes = [f"Saturated: {n_saturated} of {len(cells)} comparisons have base and trained both at 1.000 [1.000, "
+             "1.000]; they are left out of n_cells, n_below and n_significant."] if n_saturated else []
+    write_table(long, output, caption, notes=absent_notes(data.setup) + notes)
 
 
 def build_b_sequential(data: StageInputs) -> pd.DataFrame:
@@ -384,6 +418,9 @@ def build_b_population(data: StageInputs) -> pd.DataFrame:
     cols = ["model", "task", "budget", "matched_at", "population", "at_step", "window", "total_rollouts", "n_seeds",
             "smallest_sufficient", "value", "value_lo", "value_hi"]
     out = out.rename(columns={"rollouts": "total_rollouts"})
+    # a count (the seeds' mean of equal totals): an integer column, not a float printed "7680.000"
+    if np.allclose(out["total_rollouts"].dropna() % 1, 0):
+        out["total_rollouts"] = out["total_rollouts"].round().astype("Int64")
     return out[cols].sort_values(["model", "budget", "population"], kind="stable").reset_index(drop=True)
 
 

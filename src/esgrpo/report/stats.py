@@ -131,6 +131,13 @@ def stat(keys: dict, triple: tuple[float, float, float], **extra) -> dict:
     return {**keys, **extra, "value": mean, "value_lo": lo, "value_hi": hi}
 
 
+def saturated(value: float, lo: float, hi: float, tol: float = 1e-9) -> bool:
+    """A Pass@k cell at its ceiling with no spread, 1.000 [1.000, 1.000] (every test prompt solved in
+    every seed): it cannot tell two methods apart, so tables mark it and comparison counts leave out a
+    comparison of two such cells."""
+    return all(v is not None and not pd.isna(v) and v >= 1 - tol for v in (value, lo, hi))
+
+
 def passk_display_ks(ks: Sequence[int]) -> list[int]:
     """Pass@1 and the two largest ks (16 and 32 when n = 32, as in paper B)."""
     big = sorted(k for k in ks if k > 1)[-2:]

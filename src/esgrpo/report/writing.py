@@ -1,13 +1,17 @@
-"""The one table writer: CSV (the numbers, tidy), Markdown and LaTeX (the same numbers for reading).
+"""The one table writer: CSV (the numbers, tidy), Markdown, LaTeX and HTML (the same numbers for reading).
 
 In the CSV a cell with an interval is three columns (``value``, ``value_lo``, ``value_hi``); in
-Markdown and LaTeX it is one text cell ``mean [lo, hi]`` and other floats have three decimals.
+Markdown, LaTeX and HTML it is one text cell ``mean [lo, hi]`` and other floats have three decimals.
+The HTML page (an output named ``html``) is what `snakemake --report` shows for a table.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from esgrpo.io import atomic_write_text
@@ -56,6 +60,9 @@ def wide(long: pd.DataFrame, index: Sequence[str], columns: str = "method", orde
         cells = [c if pd.isna(s) or s == "" else (f"{c} ({w if isinstance(w, str) and w else f'step {s}'})"
                                                   if c != "n/a" else f"n/a ({s})")
                  for c, s, w in zip(cells, long["at_step"], spans, strict=True)]
+    if "saturated" in long:  # a cell that cannot tell methods apart (stats.saturated) says so
+        cells = [f"{c} (saturated)" if isinstance(s, bool | np.bool_) and s else c
+                 for c, s in zip(cells, long["saturated"], strict=True)]
     cell = long.assign(_cell=cells)
     table = cell.pivot_table(index=list(index), columns=columns, values="_cell", aggfunc="first", sort=False)
     present = [c for c in order if c in table.columns] + [c for c in table.columns if c not in order]
@@ -95,10 +102,55 @@ def markdown_table(shown: pd.DataFrame) -> str:
     return escaped.to_markdown(index=False)
 
 
+# The report shows a table's page in a frame of its own: a standalone document, styled here. Short cells
+# stay on one line; long text (a claim's statement, a note in a cell) wraps.
+HTML_STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; font-size: 14px; color: #1f2937;
+       margin: 16px; }
+h1 { font-size: 17px; margin: 0 0 8px; }
+p { max-width: 110ch; line-height: 1.45; margin: 0 0 8px; }
+p.note { color: #4b5563; font-size: 13px; }
+.wrap { overflow-x: auto; margin-top: 12px; }
+table { border-collapse: collapse; font-size: 13px; }
+th, td { border: 1px solid #d1d5db; padding: 3px 7px; text-align: left; vertical-align: top; white-space: nowrap; }
+th { background: #f3f4f6; position: sticky; top: 0; }
+td { font-variant-numeric: tabular-nums; }
+td.long { white-space: normal; min-width: 22ch; max-width: 46ch; }
+tbody tr:nth-child(even) { background: #f9fafb; }
+"""
+LONG_CELL = 32  # characters: a longer cell may wrap
+CI_TEXT = re.compile(r"-?\d+\.\d+ \[-?\d+\.\d+, -?\d+\.\d+\]")  # fmt_ci's "mean [lo, hi]": never broken
+
+
+def _html_cell(value) -> str:
+    from html import escape
+
+    text = "" if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)) else str(value)
+    text = CI_TEXT.sub(lambda m: m.group(0).replace(" ", "\u00a0"), text)
+    return f'<td class="long">{escape(text)}</td>' if len(text) > LONG_CELL else f"<td>{escape(text)}</td>"
+
+
+def html_page(title: str, caption: str, notes: Sequence[str], shown: pd.DataFrame) -> str:
+    """A standalone HTML page of a display frame: its title, caption and notes, then the table."""
+    from html import escape
+
+    if shown.empty:
+        table = "<p>(no rows)</p>"
+    else:
+        head = "".join(f"<th>{escape(str(c))}</th>" for c in shown.columns)
+        rows = "\n".join("<tr>" + "".join(_html_cell(v) for v in row) + "</tr>"
+                          for row in shown.itertuples(index=False, name=None))
+        table = f"<table><thead><tr>{head}</tr></thead>\n<tbody>\n{rows}\n</tbody></table>"
+    paragraphs = "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
+    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+            f"<style>{HTML_STYLE}</style></head><body><h1>{escape(title)}</h1><p>{escape(caption)}</p>{paragraphs}"
+            f'<div class="wrap">{table}</div></body></html>\n')
+
+
 def write_table(table: pd.DataFrame, output: dict, caption: str, shown: pd.DataFrame | None = None,
                 notes: Sequence[str] = ()) -> None:
-    """`output` csv = `table` (tidy numbers); md and tex = `shown`, the frame for reading (default:
-    ``display_frame(table)``), after the caption and `notes`."""
+    """`output` csv = `table` (tidy numbers); md, tex and html (when `output` names one) = `shown`, the
+    frame for reading (default: ``display_frame(table)``), after the caption and `notes`."""
     atomic_write_text(output["csv"], table.to_csv(index=False))
     shown = display_frame(table) if shown is None else shown
     text = caption + "".join(f"\n\n{n}" for n in notes)
@@ -107,6 +159,9 @@ def write_table(table: pd.DataFrame, output: dict, caption: str, shown: pd.DataF
     latex = shown.to_latex(index=False, caption=latex_caption, escape=True) if not shown.empty else (
         "% " + latex_caption.replace("\n", " ") + "\n% (no rows)\n")
     atomic_write_text(output["tex"], latex)
+    if "html" in output:
+        title = Path(output["html"]).stem
+        atomic_write_text(output["html"], html_page(title, caption, notes, shown))
 
 
 def write_long_table(output: dict, caption: str, long: pd.DataFrame, not_run_reason: str, index: Sequence[str],

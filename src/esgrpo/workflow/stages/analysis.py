@@ -83,6 +83,7 @@ from esgrpo.engines.local import local_engine
 from esgrpo.engines.rollout import HFEngine, prompt_texts
 from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
 from esgrpo.io import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
+from esgrpo.live import Eta
 from esgrpo.metrics import barrier_height
 from esgrpo.models.loading import load_model
 from esgrpo.workflow.stages.data import load_rows
@@ -285,13 +286,16 @@ def sparsity_stage(input: dict, output: dict, params: dict, wildcards: dict, thr
     theta = load_params(params["model"])
     tasks = _tasks_data(params["eval_tasks"], input["test"], input["info"], evaluator.limit)
     rows = []
-    for fields, key, make_state in sparsity_points(theta0, theta, params["fractions"]):
+    points = list(sparsity_points(theta0, theta, params["fractions"]))
+    eta = Eta(len(points))
+    for i, (fields, key, make_state) in enumerate(points, 1):
         state = None if key in evaluator.cache else make_state()
         for eval_task, m in evaluator.metrics(key, state, tasks).items():
             rows.append({**fields, "eval_task": eval_task, **m, "model": wildcards["model"], "task": wildcards["task"],
                          "run": wildcards["run"], "method": params["method"]})
             _log(f"sparsity {fields['kind']} {fields['keep_fraction']} {fields['module_type']} on {eval_task}: kept "
-                 f"{fields['n_kept']}/{fields['n_changed']} greedy {m['greedy']:.3f} mean@n {m['mean@n']:.3f}")
+                 f"{fields['n_kept']}/{fields['n_changed']} greedy {m['greedy']:.3f} mean@n {m['mean@n']:.3f} "
+                 f"[point {i}/{len(points)}, {eta(i)}]")
     _write_csv(output["csv"], pd.DataFrame(rows, columns=SPARSITY_COLUMNS))
     _log(f"sparsity: {evaluator.evaluations} evaluations in {time.time() - started:.1f}s")
 
@@ -430,14 +434,17 @@ def interpolation_stage(input: dict, output: dict, params: dict, wildcards: dict
     d_grpo = delta(load_params(params["grpo_model"]), theta0, dtype=dtype)
     tasks = _tasks_data(params["eval_tasks"], input["test"], input["info"], evaluator.limit)
     rows = []
-    for path, lam, step, key, make in interpolation_points(theta0, d_es, d_grpo, int(params["steps"]),
-                                                           params["multiples"], int(params["random_seed"])):
+    points = list(interpolation_points(theta0, d_es, d_grpo, int(params["steps"]), params["multiples"],
+                                       int(params["random_seed"])))
+    eta = Eta(len(points))
+    for i, (path, lam, step, key, make) in enumerate(points, 1):
         metrics = evaluator.metrics(key, None if key in evaluator.cache else make(), tasks)
         for task, m in metrics.items():
             rows.append({"path": path, "lam": lam, "step": step, "eval_task": task, **m,
                          "model": wildcards["model"], "task": wildcards["task"], "seed": int(wildcards["seed"])})
         _log(f"{path} lam {lam:.3f} step {step:.4g}: " + ", ".join(
-            f"{t} {m['greedy']:.3f}/{m['mean@n']:.3f}" for t, m in metrics.items()))
+            f"{t} {m['greedy']:.3f}/{m['mean@n']:.3f}" for t, m in metrics.items())
+             + f" [point {i}/{len(points)}, {eta(i)}]")
     df = pd.DataFrame(rows, columns=INTERPOLATION_COLUMNS)
     _write_csv(output["csv"], df)
     barriers = []

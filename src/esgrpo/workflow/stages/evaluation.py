@@ -12,6 +12,7 @@ import time
 from esgrpo.engines.local import local_engine
 from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
 from esgrpo.io import read_json, write_json, write_jsonl
+from esgrpo.live import Eta
 from esgrpo.models.loading import load_model
 from esgrpo.provenance import provenance
 from esgrpo.workflow.stages.data import load_rows
@@ -51,6 +52,7 @@ def evaluate_checkpoint(input: dict, output: dict, params: dict, wildcards: dict
     every_row = [row for rows in task_rows for row in rows]
     engine = make_engine(params["model"], engine_cfg, every_row, settings.max_new_tokens)
     summaries, prompt_rows = [], []
+    eta, done = Eta(len(every_row)), 0  # paced by prompts: every task samples n completions per prompt
     for task, rows, info_path in zip(params["eval_tasks"], task_rows, input["info"], strict=True):
         started = time.time()
         summary, per_prompt = evaluate_rows(engine, rows, read_json(info_path)["verifier"], settings)
@@ -59,7 +61,10 @@ def evaluate_checkpoint(input: dict, output: dict, params: dict, wildcards: dict
         summaries.append(summary)
         prompt_rows += [{"model": wildcards["model"], "run": params["run"], "train_task": params["train_task"],
                          "eval_task": task, **row} for row in per_prompt]
+        done += len(rows)
         print(f"{task}: " + ", ".join(f"{k}={summary[k]:.3f}" for k in summary
-                                      if k.startswith(("pass@", "greedy", "mean@"))), flush=True)
+                                      if k.startswith(("pass@", "greedy", "mean@")))
+              + f" ({len(rows)} prompts, {summary['seconds']:.1f}s; {done}/{len(every_row)} prompts, {eta(done)})",
+              flush=True)
     write_jsonl(output["prompts"], prompt_rows)
     write_json(output["summary"], {"evaluations": summaries, "provenance": provenance(params, settings.seed)})

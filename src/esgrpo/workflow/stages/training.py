@@ -9,6 +9,7 @@ from pathlib import Path
 
 from esgrpo.checkpoint import WriterLock
 from esgrpo.io import atomic_directory, read_json, read_jsonl, write_json, write_jsonl
+from esgrpo.live import live_settings
 from esgrpo.models.loading import load_model
 from esgrpo.provenance import provenance
 from esgrpo.tasks.rewards import reward
@@ -22,6 +23,8 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
     out_dir = Path(output["summary"]).parent
     progress_dir = Path(params["progress_dir"])
     print(f"{method} on {wildcards['task']} from {params['init_model']}: {settings}", flush=True)
+    # the config's logging block, through the environment (esgrpo.live.live_settings says why)
+    live = live_settings(wildcards["model"], wildcards["task"], wildcards["run"], {"method": method, **settings})
     if method == "es":
         from esgrpo.es.loop import train_es
         from esgrpo.es.settings import ESConfig
@@ -43,7 +46,7 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
                 # Below fp32 the loaded weights are rounded: theta0 comes from the checkpoint's own tensors.
                 backend = HFESBackend(model, tokenizer, make_population_evaluator(model, tokenizer, reward_fn),
                                       master_from=None if dtype == "float32" else params["init_model"])
-            summary = train_es(backend, rows, cfg, out_dir, progress_dir)
+            summary = train_es(backend, rows, cfg, out_dir, progress_dir, live=live)
     elif method == "grpo":
         from esgrpo.grpo.settings import GRPOSettings
 
@@ -52,7 +55,7 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
             from esgrpo.grpo.launch import launch_grpo as train_grpo
         else:
             from esgrpo.grpo.trainer import train_grpo
-        summary = train_grpo(params["init_model"], rows, verifier, grpo, out_dir, progress_dir)
+        summary = train_grpo(params["init_model"], rows, verifier, grpo, out_dir, progress_dir, live=live)
     else:
         raise ValueError(f"run {wildcards['run']}: unknown method {method!r}; allowed: es, grpo")
     write_json(output["summary"], {**summary, "method": method, "init_model": params["init_model"],
