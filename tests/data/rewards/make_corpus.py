@@ -342,6 +342,9 @@ def chemistry_forms(gold: str, wrong: str) -> Iterator[Case]:
     yield "answer_colon_formula", f"Answer: {gold}l2 is formed"
     yield "json_two_letters", f'{{"answer": "{gold} or {wrong}"}}'
     yield "answer_is_paren_prose", f"The answer is ({gold})."
+    yield "answer_colon_then_article", f"Answer: {gold}, as a test shows."
+    yield "answer_colon_lower_then_letter", f"answer: {lo} (not {wrong})"
+    yield "answer_colon_upper_key_then_letter", f"ANSWER: {gold} rather than {wrong}"
     yield "empty", ""
 
 
