@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from collections.abc import Callable, Iterator
 from fractions import Fraction
@@ -89,8 +90,6 @@ def _value(expr: str) -> Fraction:
 
 
 def _uses_exactly(expr: str, numbers: list[int]) -> bool:
-    import re
-
     return sorted(int(t) for t in re.findall(r"\d+", expr)) == sorted(numbers)
 
 
@@ -178,13 +177,13 @@ def countdown_cases() -> Iterator[tuple[str, str, str, dict]]:
     for numbers, target, expr, form in COUNTDOWN_OPERATOR_CASES:
         meta = {"numbers": numbers, "target": target}
         yield form, f"Let me compute.\n\\boxed{{{expr}}}", str(target), meta
-        yield form + "_spaced_tag", f"<answer>{expr}</answer>", str(target), meta
+        yield form + "_answer_tag", f"<answer>{expr}</answer>", str(target), meta
 
 
 # ----------------------------------------------------------------------------------------------
 # MATH: gold strings of the kinds MATH-500 holds, each with equal forms and near misses.
 
-# (gold, wrong answer, equal forms [(form, text)])
+# (gold, wrong answer, other forms [(form, text)]: equal ones and near misses, MATH_NEAR)
 MATH_GOLDS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("27", "28", [("decimal_trailing_zero", "27.0"), ("decimal_zeros", "27.00"), ("text_wrapped", "\\text{27}"),
                   ("units_text", "27\\text{ cm}"), ("units_plain", "27 cm"), ("x_equals", "x = 27"),
@@ -247,13 +246,25 @@ MATH_GOLDS: list[tuple[str, str, list[tuple[str, str]]]] = [
     ("250", "25", [("near_decimal", "250.0000001"), ("nan", "nan"), ("text_number", "\\text{250 apples}")]),
 ]
 
+# Which listed forms are not equal to the gold (near misses) or equal in programming notation only;
+# every other listed form is an equal answer in mathematical notation.
+MATH_NEAR = {"decimal_rounded", "decimal_long", "slash_chain", "frac_with_suffix", "base_dropped",
+             "base_digits_joined", "base_decimal_value", "tiny_scientific", "tiny_decimal", "small_decimal",
+             "near_decimal", "nan", "brackets"}
+MATH_CODE = {"scientific", "underscore_digits"}
+
+
+def _math_kind(form: str) -> str:
+    return "near" if form in MATH_NEAR else "code" if form in MATH_CODE else "eq"
+
+
 MATH_LEADS = [
     "Let me work through this carefully.\n",
     "First compute 12 + 7 = 19, then 19 * 2 = 38, and subtract 11.\n",
 ]
 
 
-def math_forms(gold: str, wrong: str, equal: list[tuple[str, str]]) -> Iterator[Case]:
+def math_forms(gold: str, wrong: str, listed: list[tuple[str, str]]) -> Iterator[Case]:
     for i, lead in enumerate(MATH_LEADS):
         tag = f"_lead{i}"
         yield "box_gold" + tag, lead + f"The final answer is \\boxed{{{gold}}}."
@@ -274,14 +285,15 @@ def math_forms(gold: str, wrong: str, equal: list[tuple[str, str]]) -> Iterator[
     yield "boxed_no_braces", f"\\boxed {gold}" if " " not in gold and "{" not in gold else f"\\boxed{gold}"
     yield "no_box_final_answer", f"Final answer: {gold}"
     yield "no_box_wrong_stated", f"The answer is {wrong}."
-    for form, text in equal:
-        yield "eq_" + form, f"Therefore the answer is \\boxed{{{text}}}."
-        yield "eq_" + form + "_no_box", f"Therefore the answer is {text}."
+    for form, text in listed:
+        name = f"{_math_kind(form)}_{form}"
+        yield name, f"Therefore the answer is \\boxed{{{text}}}."
+        yield name + "_no_box", f"Therefore the answer is {text}."
 
 
 def math_cases() -> Iterator[tuple[str, str, str, dict]]:
-    for gold, wrong, equal in MATH_GOLDS:
-        for form, completion in math_forms(gold, wrong, equal):
+    for gold, wrong, listed in MATH_GOLDS:
+        for form, completion in math_forms(gold, wrong, listed):
             yield form, completion, gold, {}
 
 
@@ -374,14 +386,18 @@ BOX_WORDS = {
 }
 
 
+def _slug(word: str) -> str:
+    return "_".join(re.findall(r"[a-z0-9]+", word.lower())) or "punct"
+
+
 def boolq_forms(gold: bool) -> Iterator[Case]:
     right, wrong = ("yes", "no") if gold else ("no", "yes")
     for i, lead in enumerate(BOOLQ_LEADS):
         t = f"_lead{i}"
         for j, word in enumerate(BOX_WORDS[gold]):
-            yield f"box_word{j:02d}" + t, lead + f"\\boxed{{{word}}}"
+            yield f"box_word{j:02d}_{_slug(word)}" + t, lead + f"\\boxed{{{word}}}"
         for j, word in enumerate(BOX_WORDS[not gold][:6]):
-            yield f"box_opposite_word{j:02d}" + t, lead + f"\\boxed{{{word}}}"
+            yield f"box_opposite_word{j:02d}_{_slug(word)}" + t, lead + f"\\boxed{{{word}}}"
         yield "no_box_answer_is" + t, lead + f"The answer is {right}."
         yield "no_box_answer_colon" + t, lead + f"Answer: {right.capitalize()}"
         yield "no_box_wrong_stated" + t, lead + f"The answer is {wrong}."
