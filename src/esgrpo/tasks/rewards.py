@@ -174,7 +174,7 @@ def _fast_math(completion: str, box: str | None, gold: str) -> bool | None:
 # - it reads a degree mark right after a number only with a space before it (\boxed{90\circ} and
 #   \boxed{90°} wrong, \boxed{ 90\circ } right): degree marks after a number are dropped first, as
 #   math-verify itself drops `^\circ` (\boxed{90^\circ} equals 90).
-_DEGREES = re.compile(r"(?<=[0-9}).])\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\u00b0)")
+_DEGREES = re.compile(r"(?<=[0-9}])\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\u00b0)")
 _SUBSCRIPT = re.compile(r"_\s*(?:\{\s*(?:\\(?:text|mathrm)\s*\{\s*(\d+)\s*\}|(\d+))\s*\}|\\(?:text|mathrm)\s*\{\s*(\d+)\s*\})")
 _BASED = re.compile(r"([0-9A-Za-z]+)_(\d+)")
 _BASED_IN_TEXT = re.compile(r"[0-9A-Za-z]+_\s*(?:\{[^{}]*(?:\{[^{}]*\}[^{}]*)?\}|\\(?:text|mathrm)\s*\{[^{}]*\}|\d+)")
