@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+from snakemake.logging import logger
+
 from esgrpo.live import ENV as LIVE_ENV
 from esgrpo.analysis.settings import analysis_config, analysis_eval_settings
 from esgrpo.evaluation import heldout
@@ -19,10 +21,13 @@ from esgrpo.runs import (
     main_es_name,
     main_grpo_name,
     planned_runs,
+    reward_rules_setting,
     run_spec,
 )
 
 check_config(config)
+# Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included.
+logger.info(f"Reward rules: {config['rewards']['rules']} (rewards.rules; docs/rewards.md)")
 
 RESULTS = "results"
 MODELS = list(config["models"])
@@ -208,8 +213,8 @@ def init_model_files(wildcards):
 
 
 def eval_params(model):
-    """Evaluation settings: the global block, overridden per model."""
-    return {**config["eval"], **config["models"][model].get("eval", {})}
+    """Evaluation settings: the global block, overridden per model, graded under rewards.rules."""
+    return {**config["eval"], **config["models"][model].get("eval", {}), **reward_rules_setting(config)}
 
 
 def eval_base_settings(wildcards):

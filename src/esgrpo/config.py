@@ -13,6 +13,7 @@ from esgrpo.es.settings import ESConfig
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.tasks.base import prompt_setting
 from esgrpo.tasks.registry import TASKS, get_task
+from esgrpo.tasks.rewards import RULES
 
 # Folders of results/ that a model or task name would collide with.
 RESERVED_NAMES = {"base", "data", "tables", "figures", "logs", "benchmarks", "analysis", "report"}
@@ -100,6 +101,13 @@ def _check_trainers(config: dict) -> None:
     if "grpo" in config:
         _check_settings("grpo.settings", GRPOSettings, config["grpo"]["settings"],
                         num_generations=config["grpo"]["group_sizes"][0])
+    # One key grades training and evaluation alike; a second one per trainer could disagree with it.
+    for key, block in [("es.settings", (config.get("es") or {}).get("settings") or {}),
+                       ("grpo.settings", (config.get("grpo") or {}).get("settings") or {})] + \
+            [(f"models.{m}.eval", spec.get("eval") or {}) for m, spec in config["models"].items()]:
+        if "reward_rules" in block:
+            raise ConfigError(f"{key}.reward_rules: set the rules once for training and evaluation, as "
+                              f"rewards.rules (allowed: {list(RULES)})")
 
 
 def _check_sequential(config: dict) -> None:

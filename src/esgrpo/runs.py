@@ -147,12 +147,20 @@ def main_name(config: dict, method: str, seed: int) -> str:
     return main_es_name(config, seed) if method == "es" else main_grpo_name(config, seed)
 
 
+def reward_rules_setting(config: dict) -> dict:
+    """{"reward_rules": the config's rewards.rules} for every job that grades (training runs here,
+    evaluations in rules/common.smk), so that other rules are other settings and rerun those jobs;
+    {} when the config names none (the settings' own default, "esgrpo")."""
+    rules = (config.get("rewards") or {}).get("rules")
+    return {} if rules is None else {"reward_rules": rules}
+
+
 def _es_settings(config: dict, seed: int, **overrides) -> dict:
-    return {**config["es"]["settings"], "seed": seed, **overrides}
+    return {**config["es"]["settings"], "seed": seed, **reward_rules_setting(config), **overrides}
 
 
 def _grpo_settings(config: dict, seed: int, **overrides) -> dict:
-    return {**config["grpo"]["settings"], "seed": seed, **overrides}
+    return {**config["grpo"]["settings"], "seed": seed, **reward_rules_setting(config), **overrides}
 
 
 def run_spec(config: dict, task: str, run: str) -> RunSpec:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from esgrpo.settings import FieldCheck, SettingsDataclass
-from esgrpo.tasks.rewards import SCHEMES
+from esgrpo.tasks.rewards import RULES, SCHEMES
 
 __all__ = ["ESConfig", "NORMALIZATIONS", "NORM_CHUNK_ELEMENTS"]
 
@@ -91,6 +91,9 @@ class ESConfig(SettingsDataclass):
                 "the caller wires into the backend, kept here so one config describes the run."})
     format_bonus: float = field(default=0.0, metadata={
         "help": "Reward added for a well-formatted answer (esgrpo.tasks.rewards), read like reward_scheme."})
+    reward_rules: str = field(default="esgrpo", metadata={
+        "help": f"Whose rules grade a completion, one of {RULES} (esgrpo.tasks.rewards, docs/rewards.md); set "
+                "by the config's rewards.rules for training and evaluation alike."})
     seed: int = field(default=0, metadata={
         "help": "Run seed (>= 0): every draw of iteration t (member seeds, prompts, rollouts) comes from "
                 "(seed, t), so a killed run resumes bit for bit."})
@@ -126,6 +129,7 @@ class ESConfig(SettingsDataclass):
         check.integer("max_new_tokens", 1)
         check.choice("reward_scheme", SCHEMES)
         check.number("format_bonus")
+        check.choice("reward_rules", RULES)
         check.integer("seed", 0)  # non-negative: it seeds numpy SeedSequences
         if isinstance(self.trainable, str):  # a lone pattern from YAML; iterating it would glob per letter
             self.trainable = [self.trainable]

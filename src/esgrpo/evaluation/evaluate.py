@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from esgrpo.metrics import maj_at_n, mean_at_n, pass_at_k_curve
-from esgrpo.tasks.rewards import VERIFIERS, last_boxed
+from esgrpo.tasks.rewards import DEFAULT_RULES, check_rules, last_boxed, verifier_for
 
 
 @dataclass
@@ -22,8 +22,13 @@ class EvalSettings:
     ks: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16, 32])
     greedy: bool = True
     seed: int = 0
+    reward_rules: str = DEFAULT_RULES  # whose rules grade (esgrpo.tasks.rewards.RULES; config rewards.rules)
 
     def __post_init__(self) -> None:
+        try:
+            check_rules(self.reward_rules)
+        except ValueError as err:
+            raise ValueError(f"eval.reward_rules: {err}") from None
         if self.n_samples < 1:
             raise ValueError(f"eval.n_samples must be >= 1, got {self.n_samples}")
         too_big = [k for k in self.ks if k > self.n_samples or k < 1]
@@ -39,7 +44,7 @@ def answer_key(completion: str) -> str | None:
 
 def evaluate_rows(engine, rows: list[dict], verifier: str, settings: EvalSettings) -> tuple[dict, list[dict]]:
     """(summary, per-prompt rows) of `engine`'s model on `rows`."""
-    grade = VERIFIERS[verifier]
+    grade = verifier_for(verifier, settings.reward_rules)
     sampled = engine.generate(rows, n=settings.n_samples, temperature=settings.temperature,
                               top_p=settings.top_p, max_new_tokens=settings.max_new_tokens,
                               seed=settings.seed)

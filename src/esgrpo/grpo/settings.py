@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from esgrpo.settings import FieldCheck, SettingsDataclass
-from esgrpo.tasks.rewards import SCHEMES
+from esgrpo.tasks.rewards import RULES, SCHEMES
 
 __all__ = ["GRPOSettings", "LOSS_TYPES", "LR_SCHEDULERS", "SCALE_REWARDS", "SHARDINGS"]
 
@@ -78,6 +78,9 @@ class GRPOSettings(SettingsDataclass):
         "help": f"Reward of a completion, one of {SCHEMES} (esgrpo.tasks.rewards), the same function ES uses."})
     format_bonus: float = field(default=0.0, metadata={
         "help": "Reward added for a well-formatted answer (esgrpo.tasks.rewards)."})
+    reward_rules: str = field(default="esgrpo", metadata={
+        "help": f"Whose rules grade a completion, one of {RULES} (esgrpo.tasks.rewards, docs/rewards.md); set "
+                "by the config's rewards.rules for training and evaluation alike."})
     seed: int = field(default=0, metadata={
         "help": "Seed of TRL's sampling and of the prompt order."})
     save_every: int = field(default=10, metadata={
@@ -130,6 +133,7 @@ class GRPOSettings(SettingsDataclass):
         check.integer("max_new_tokens", 1)
         check.choice("reward_scheme", SCHEMES)
         check.number("format_bonus")
+        check.choice("reward_rules", RULES)
         check.integer("seed", 0)
         check.integer("save_every", 0)
         check.integer("gradient_accumulation_steps", 1)

@@ -46,7 +46,7 @@ from esgrpo.grpo.distributed import host_copy, load_policy, main_first, norm_to,
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.io import read_jsonl, write_json, write_jsonl
 from esgrpo.live import Eta, LiveLog, LiveSettings
-from esgrpo.tasks.rewards import SCHEMES, VERIFIERS, reward
+from esgrpo.tasks.rewards import DEFAULT_RULES, SCHEMES, VERIFIERS, check_rules, reward
 
 __all__ = [
     "ES_SHARED_KEYS",
@@ -97,11 +97,11 @@ def _decode_meta(meta: Any) -> dict:
     return dict(meta)
 
 
-def make_reward_function(verifier: str, scheme: str = "binary",
-                         format_bonus: float = 0.0) -> Callable[..., list[float]]:
+def make_reward_function(verifier: str, scheme: str = "binary", format_bonus: float = 0.0,
+                         rules: str = DEFAULT_RULES) -> Callable[..., list[float]]:
     """A TRL reward function ``fn(completions, answer, meta=None, **kw) -> list[float]``.
 
-    It is `esgrpo.tasks.rewards.reward(verifier, completion_text, answer, meta, scheme, format_bonus)`
+    It is `esgrpo.tasks.rewards.reward(verifier, completion_text, answer, meta, scheme, format_bonus, rules)`
     per completion, the same function ES and evaluation use. `meta` entries may be JSON text
     (as stored by `rows_to_dataset`) or dicts. TRL logs the mean under ``rewards/<__name__>``.
     """
@@ -109,6 +109,7 @@ def make_reward_function(verifier: str, scheme: str = "binary",
         raise ValueError(f"unknown verifier {verifier!r}; allowed: {sorted(VERIFIERS)}")
     if scheme not in SCHEMES:
         raise ValueError(f"unknown reward scheme {scheme!r}; allowed: {list(SCHEMES)}")
+    check_rules(rules)
     bonus = float(format_bonus)
 
     def reward_fn(completions: Sequence[Any], answer: Sequence[Any], meta: Sequence[Any] | None = None,
@@ -116,7 +117,7 @@ def make_reward_function(verifier: str, scheme: str = "binary",
         metas = meta if meta is not None else [None] * len(completions)
         if not len(completions) == len(answer) == len(metas):
             raise ValueError(f"{len(completions)} completions, {len(answer)} answers, {len(metas)} metas")
-        return [reward(verifier, _completion_text(c), str(a), _decode_meta(m), scheme, bonus)
+        return [reward(verifier, _completion_text(c), str(a), _decode_meta(m), scheme, bonus, rules)
                 for c, a, m in zip(completions, answer, metas, strict=True)]
 
     reward_fn.__name__ = f"{verifier}_reward"
@@ -528,7 +529,8 @@ def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, 
     callback = _callback_class()(model, settings, rows_so_far, metrics_paths, log, main, curves)
     trainer = GRPOTrainer(
         model=model,
-        reward_funcs=[make_reward_function(verifier, settings.reward_scheme, settings.format_bonus)],
+        reward_funcs=[make_reward_function(verifier, settings.reward_scheme, settings.format_bonus,
+                                          settings.reward_rules)],
         args=_grpo_config(settings, progress.path, cuda, max_model_len),
         train_dataset=rows_to_dataset(train_rows),
         processing_class=tokenizer,  # without it TRL would look for a tokenizer on the Hub

@@ -1,4 +1,6 @@
-"""The project's one set of verifiers: pure functions that grade a COMPLETION (never prompt+completion).
+"""The verifiers: pure functions that grade a COMPLETION (never prompt+completion), under one of three
+sets of rules (RULES, the config's `rewards.rules`; docs/rewards.md): the project's own ("esgrpo", the
+default), paper A's code ("paper_a", esgrpo.tasks.paper_a_rewards) or paper B's stated rule ("paper_b").
 
 Grading the completion alone matters: a prompt that shows an example `\\boxed{}` or `<answer>` tag
 would otherwise earn format credit for text the model never wrote.
@@ -28,20 +30,26 @@ from collections import Counter
 from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from esgrpo.tasks import paper_a_rewards as paper_a
+
 __all__ = [
+    "DEFAULT_RULES",
+    "RULES",
     "SCHEMES",
     "VERIFIERS",
+    "check_rules",
     "grade_choice",
     "grade_countdown",
     "grade_math",
+    "grade_math_boxed",
     "grade_yesno",
     "has_box",
     "last_boxed",
     "reward",
+    "verifier_for",
 ]
 
 # ----------------------------------------------------------------------------------------------
@@ -109,6 +117,7 @@ _WORKER_TIMEOUT_S = 8.0
 _WORKER_STARTUP_S = 30.0  # imports of sympy/math-verify on a busy 2-core machine take seconds
 
 _NUMBER = re.compile(r"[+-]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|[+-]?\.\d+")
+_SPACE_GROUPED = re.compile(r"[+-]?\d{1,3}(?: \d{3})+(?:\.\d+)?")
 _TEXT_WRAP = re.compile(r"\\(?:text|textbf|mathrm|mbox)\s*\{([^{}]*)\}")
 # Answer phrasings that the fast path reads when the completion has no \boxed{}.
 _ANSWER_PHRASES = re.compile(
@@ -128,6 +137,8 @@ def _as_number(text: str) -> Fraction | None:
     for junk in ("\\$", "$", "\\!", "\\,", "{,}", "\\ "):
         s = s.replace(junk, "" if junk != "{,}" else ",")
     s = s.strip().rstrip(".").strip()
+    if _SPACE_GROUPED.fullmatch(s):  # 1 000 (SI thousands): math-verify reads a product, 1*000 = 0
+        s = s.replace(" ", "")
     if not s or _NUMBER.fullmatch(s) is None:
         return None
     try:
@@ -156,6 +167,76 @@ def _fast_math(completion: str, box: str | None, gold: str) -> bool | None:
     return None
 
 
+# Misreadings of math-verify (0.9.0, measured on tests/data/rewards/corpus.jsonl) settled before it is
+# asked (docs/rewards.md, "Fixed"; a text wrapper around a math answer: _unwrap_text_math):
+# - it drops a base subscript, so \boxed{1011} "equals" 1011_2 (and so does \boxed{1011_3}): a number
+#   with a base subscript equals only the same digits in the same base (a plain integer is base 10);
+# - it reads a degree mark right after a number only with a space before it (\boxed{90\circ} and
+#   \boxed{90°} wrong, \boxed{ 90\circ } right): degree marks after a number are dropped first, as
+#   math-verify itself drops `^\circ` (\boxed{90^\circ} equals 90).
+_DEGREES = re.compile(r"(?<=[0-9}])\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ|\u00b0)")
+_SUBSCRIPT = re.compile(r"_\s*(?:\{\s*(?:\\(?:text|mathrm)\s*\{\s*(\d+)\s*\}|(\d+))\s*\}|\\(?:text|mathrm)\s*\{\s*(\d+)\s*\})")
+_BASED = re.compile(r"([0-9A-Za-z]+)_(\d+)")
+_BASED_IN_TEXT = re.compile(r"[0-9A-Za-z]+_\s*(?:\{[^{}]*(?:\{[^{}]*\}[^{}]*)?\}|\\(?:text|mathrm)\s*\{[^{}]*\}|\d+)")
+
+
+def _without_degrees(text: str) -> str:
+    return _DEGREES.sub("", text)
+
+
+_TEXT_WRAPPED = re.compile(r"\s*\\(?:text|textbf|mathrm|mbox)\s*\{(.*)\}\s*", re.DOTALL)
+
+
+def _unwrap_text_math(box: str) -> str:
+    """`\\text{3\\sqrt{2}}` -> `3\\sqrt{2}`: a text wrapper around the whole answer whose content is
+    math (a command, ^ or _, which text mode cannot hold, or no letter at all: `\\text{(1,2)}`) is
+    dropped; math-verify reads such a wrapper for some answers (\\text{\\frac{1}{2}}) and not for
+    others (\\text{3\\sqrt{2}}, \\text{1011_2}, \\text{(1,2)}). Words (\\text{Evelyn}) keep theirs."""
+    match = _TEXT_WRAPPED.fullmatch(box)
+    if match is None:
+        return box
+    inner = match.group(1)
+    if not (any(mark in inner for mark in ("\\", "^", "_")) or not any(ch.isalpha() for ch in inner)):
+        return box
+    depth = 0
+    for ch in inner:  # the wrapper's braces must be the outer pair: \text{a}^{b} is not wrapped
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth < 0:
+            return box
+    return inner if depth == 0 else box
+
+
+def _based_number(text: str) -> tuple[str, int] | None:
+    """(digits, base) of `1011_2`, `1011_{2}`, `1011_\\text{2}` (digits valid in a base 2-36) or of a
+    plain integer (base 10), leading zeros dropped; None for anything else."""
+    s = _SUBSCRIPT.sub(lambda m: "_" + next(g for g in m.groups() if g), text).replace("$", "")
+    s = re.sub(r"\s+", "", s)
+    if s.isascii() and s.isdigit():
+        return s.lstrip("0") or "0", 10
+    match = _BASED.fullmatch(s)
+    if match is None:
+        return None
+    digits, base = match.group(1).upper(), int(match.group(2))
+    if not 2 <= base <= 36 or any(int(c, 36) >= base for c in digits):
+        return None
+    return digits.lstrip("0") or "0", base
+
+
+def _base_verdict(completion: str, box: str | None, gold: str) -> bool | None:
+    """The verdict when the gold or the boxed answer is a number in a base other than 10; else None.
+    Without a box, the tail's last base-subscripted number is the answer."""
+    based_gold = _based_number(gold)
+    if box is None:
+        if based_gold is None or based_gold[1] == 10:
+            return None
+        found = _BASED_IN_TEXT.findall(completion[-_MAX_PRED_CHARS:])
+        return bool(found) and _based_number(found[-1]) == based_gold
+    based_box = _based_number(box)
+    if (based_box is None or based_box[1] == 10) and (based_gold is None or based_gold[1] == 10):
+        return None
+    return based_box == based_gold
+
+
 def _pathological(text: str) -> bool:
     """Answers whose symbolic evaluation could run for minutes or exhaust memory."""
     return bool(_POWER_TOWER.search(text) or _HUGE_EXPONENT.search(text) or _HUGE_FACTORIAL.search(text))
@@ -168,7 +249,7 @@ def _prediction_text(completion: str, box: str | None) -> str | None:
             return None
         text = "\\boxed{" + box + "}"
     else:
-        text = completion[-_MAX_PRED_CHARS:]
+        text = _without_degrees(completion[-_MAX_PRED_CHARS:])
     return None if _pathological(text) else text
 
 
@@ -178,11 +259,21 @@ def _gold_text(gold: str) -> str:
     return gold if "boxed" in gold else "\\boxed{" + gold + "}"
 
 
-@lru_cache(maxsize=1 << 16)
-def _parse_gold_main(gold: str) -> tuple:
-    from math_verify import parse
+_GOLD_PARSES: dict[str, tuple] = {}
 
-    return tuple(parse(_gold_text(gold), parsing_timeout=_MV_PARSE_TIMEOUT))
+
+def _parse_gold_main(gold: str) -> tuple:
+    """math-verify's parse of `gold`, remembered once it succeeds. An empty parse is not remembered:
+    math-verify returns [] for a time-out too, and one slow first parse (sympy's lazy imports on a
+    busy machine) would otherwise make every later answer to that gold wrong for the whole process."""
+    parsed = _GOLD_PARSES.get(gold)
+    if parsed is None:
+        from math_verify import parse
+
+        parsed = tuple(parse(_gold_text(gold), parsing_timeout=_MV_PARSE_TIMEOUT))
+        if parsed and len(_GOLD_PARSES) < 1 << 16:
+            _GOLD_PARSES[gold] = parsed
+    return parsed
 
 
 def _mv_check_main_thread(pred_text: str, gold: str) -> bool:
@@ -297,6 +388,16 @@ def _mv_check_other_thread(pred_text: str, gold: str) -> bool:
     return _WORKER.check(pred_text, gold, _WORKER_TIMEOUT_S)
 
 
+def _math_verify(pred_text: str, gold: str) -> bool:
+    """math-verify's verdict on `pred_text` against `gold`, bounded in time in any thread."""
+    if threading.current_thread() is threading.main_thread():
+        try:
+            return _mv_check_main_thread(pred_text, gold)
+        except Exception:  # math-verify's own failures (it raises on some inputs) mean "wrong"
+            return False
+    return _mv_check_other_thread(pred_text, gold)
+
+
 # A pure function of two strings, called for every sample; at small scale most samples repeat an
 # answer (a 32-sample evaluation of one checkpoint grades ~2,000 completions, ~400 of them reach
 # math-verify at ~12 ms each, measured): remember the verdicts.
@@ -304,25 +405,35 @@ def _mv_check_other_thread(pred_text: str, gold: str) -> bool:
 def grade_math(completion: str, gold: str) -> bool:
     """Whether the completion's final answer equals `gold` (math-verify semantics).
 
-    Accepts `\\boxed{72}`, "The answer is 72", `#### 72`, fractions, "1,000". Plain-number
-    answers are decided by an exact numeric comparison first; everything else by math-verify.
+    Accepts `\\boxed{72}`, "The answer is 72", `#### 72`, fractions, "1,000". Base-subscripted
+    numbers and plain numbers are decided first (exactly); everything else by math-verify.
     """
-    gold = str(gold).strip()
+    gold = _without_degrees(str(gold).strip())
     if not gold or not completion:
         return False
     box = last_boxed(completion)
+    if box is not None:
+        box = _without_degrees(_unwrap_text_math(box))
+    based = _base_verdict(completion, box, gold)
+    if based is not None:
+        return based
     fast = _fast_math(completion, box, gold)
     if fast is not None:
         return fast
     pred_text = _prediction_text(completion, box)
-    if pred_text is None:
+    return pred_text is not None and _math_verify(pred_text, gold)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def grade_math_boxed(completion: str, gold: str) -> bool:
+    """Paper B's rule as its text states it: a correct BOXED answer, judged by math-verify alone
+    (the last box against the gold; no exact pre-check, no fix of math-verify's readings)."""
+    gold = str(gold).strip()
+    box = last_boxed(completion)
+    if not gold or box is None or len(box) > _MAX_BOX_CHARS:
         return False
-    if threading.current_thread() is threading.main_thread():
-        try:
-            return _mv_check_main_thread(pred_text, gold)
-        except Exception:  # math-verify's own failures (it raises on some inputs) mean "wrong"
-            return False
-    return _mv_check_other_thread(pred_text, gold)
+    pred_text = "\\boxed{" + box + "}"
+    return not _pathological(pred_text) and _math_verify(pred_text, gold)
 
 
 def _serve() -> None:
@@ -483,12 +594,15 @@ def _math(completion: str, answer: str, meta: dict) -> bool:
     return grade_math(completion, answer)
 
 
-def _countdown(completion: str, answer: str, meta: dict) -> bool:
+def _countdown_problem(meta: dict) -> tuple[list[int], int]:
     try:
-        numbers, target = meta["numbers"], meta["target"]
+        return list(meta["numbers"]), meta["target"]
     except (KeyError, TypeError):
         raise ValueError("the countdown verifier needs meta['numbers'] and meta['target']") from None
-    return grade_countdown(completion, list(numbers), target)
+
+
+def _countdown(completion: str, answer: str, meta: dict) -> bool:
+    return grade_countdown(completion, *_countdown_problem(meta))
 
 
 def _choice(completion: str, answer: str, meta: dict) -> bool:
@@ -499,6 +613,7 @@ def _yesno(completion: str, answer: str, meta: dict) -> bool:
     return grade_yesno(completion, answer)
 
 
+# The project's own graders (rules "esgrpo"), one per verifier name of esgrpo.tasks.registry.
 VERIFIERS: dict[str, Callable[[str, str, dict], bool]] = {
     "math": _math,
     "countdown": _countdown,
@@ -506,26 +621,61 @@ VERIFIERS: dict[str, Callable[[str, str, dict], bool]] = {
     "yesno": _yesno,
 }
 
+# Whose rules decide what is correct (the config's `rewards.rules`; docs/rewards.md): the project's
+# own, paper A's code (esgrpo.tasks.paper_a_rewards), or paper B's stated rule (maths: a correct boxed
+# answer by math-verify; paper B grades maths only, so its other kinds keep the project's graders).
+RULES = ("esgrpo", "paper_a", "paper_b")
+DEFAULT_RULES = "esgrpo"
+
+_PAPER_RULES: dict[str, dict[str, Callable[[str, str, dict], bool]]] = {
+    "paper_a": {
+        "math": lambda completion, answer, meta: paper_a.grade_math(completion, answer),
+        "countdown": lambda completion, answer, meta: paper_a.grade_countdown(completion, *_countdown_problem(meta)),
+        "choice": lambda completion, answer, meta: paper_a.grade_choice(completion, answer),
+        "yesno": lambda completion, answer, meta: paper_a.grade_yesno(completion, answer),
+    },
+    "paper_b": {
+        "math": lambda completion, answer, meta: grade_math_boxed(completion, answer),
+    },
+}
+
+
+def check_rules(rules: str) -> str:
+    """`rules` when it is one of RULES; a ValueError naming the allowed ones otherwise."""
+    if rules not in RULES:
+        raise ValueError(f"unknown reward rules {rules!r}; allowed: {list(RULES)}")
+    return rules
+
+
+def verifier_for(verifier: str, rules: str = DEFAULT_RULES) -> Callable[[str, str, dict], bool]:
+    """The grader `(completion, answer, meta) -> bool` of `verifier` under `rules`."""
+    table = _PAPER_RULES.get(check_rules(rules), {})
+    if verifier in table:
+        return table[verifier]
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; allowed: {sorted(VERIFIERS)}")
+    return VERIFIERS[verifier]
+
+
 SCHEMES = ("binary", "boxed_partial")
 
 
 def reward(verifier: str, completion: str, answer: str, meta: dict | None = None,
-           scheme: str = "binary", format_bonus: float = 0.0) -> float:
-    """Scalar reward of one completion.
+           scheme: str = "binary", format_bonus: float = 0.0, rules: str = DEFAULT_RULES) -> float:
+    """Scalar reward of one completion, graded under `rules` (RULES).
 
     scheme "binary": 1 if correct else 0. scheme "boxed_partial" (paper B): 1 for a correct
     boxed answer, 0.1 for a box with a wrong answer, 0 without a box. `format_bonus` is added
     whenever the completion contains a `\\boxed{}`.
     """
-    if verifier not in VERIFIERS:
-        raise ValueError(f"unknown verifier {verifier!r}; allowed: {sorted(VERIFIERS)}")
+    grade = verifier_for(verifier, rules)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown reward scheme {scheme!r}; allowed: {list(SCHEMES)}")
     boxed = has_box(completion)
     if scheme == "boxed_partial" and not boxed:
         value = 0.0
     else:
-        correct = VERIFIERS[verifier](completion, answer, dict(meta or {}))
+        correct = grade(completion, answer, dict(meta or {}))
         if scheme == "binary":
             value = 1.0 if correct else 0.0
         else:

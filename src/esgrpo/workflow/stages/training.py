@@ -32,7 +32,8 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
         cfg = ESConfig.from_dict(settings)
 
         def reward_fn(text: str, row: dict) -> float:
-            return reward(verifier, text, row["answer"], row["meta"], cfg.reward_scheme, cfg.format_bonus)
+            return reward(verifier, text, row["answer"], row["meta"], cfg.reward_scheme, cfg.format_bonus,
+                          cfg.reward_rules)
 
         # The folder's writer lock before the engines start: a held folder stops the job in seconds.
         with WriterLock(progress_dir):
