@@ -12,9 +12,12 @@ import contextlib
 import importlib
 import logging
 import os
+import socket
 import sys
+import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def _plain(value):
@@ -60,10 +63,11 @@ class StageCall:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         module, _, name = self.stage.partition(":")
         stage = getattr(importlib.import_module(module), name)
-        handle = open(self.log_path, "w", buffering=1) if self.log_path else None
+        handle = _open_log(self.log_path) if self.log_path else None
         with contextlib.ExitStack() as stack:
             if handle:
                 stack.enter_context(handle)
+                handle.write(_attempt_header(self.stage))
                 stack.enter_context(contextlib.redirect_stdout(handle))
                 stack.enter_context(contextlib.redirect_stderr(handle))
                 logging.basicConfig(stream=handle, level=logging.INFO, force=True)
@@ -75,6 +79,33 @@ class StageCall:
             except Exception:
                 traceback.print_exc()
                 raise
+
+
+# Snakemake deletes a job's log before every attempt; a hard link under this suffix keeps the file, and
+# each attempt appends to it (what a killed or cancelled job printed is how it is diagnosed).
+ALL_ATTEMPTS = ".all-attempts"
+
+
+def _open_log(path: str):
+    """The job's log for appending, holding every earlier attempt's lines: `path` is a hard link of
+    `path` + ALL_ATTEMPTS, which outlives Snakemake's deletion of `path` (a retry, a requeue, the copy a
+    new driver submits after a dead one). Where the file system has no hard links: this attempt only."""
+    keep = Path(path + ALL_ATTEMPTS)
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    keep.touch()
+    with contextlib.suppress(FileExistsError, OSError):
+        os.link(keep, path)
+    return open(path, "a", buffering=1)
+
+
+def _attempt_header(stage: str) -> str:
+    """The line that opens each attempt's part of a job log: when, where, which SLURM job (and requeue)."""
+    where = f"{socket.gethostname()} pid {os.getpid()}"
+    if os.environ.get("SLURM_JOB_ID"):
+        where += f", SLURM job {os.environ['SLURM_JOB_ID']}"
+        if os.environ.get("SLURM_RESTART_COUNT"):
+            where += f" (requeued {os.environ['SLURM_RESTART_COUNT']}x)"
+    return f"===== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {stage} on {where} =====\n"
 
 
 def run_stage(smk, stage: str) -> None:
