@@ -206,6 +206,15 @@ def test_gpu_jobs_of_paper_b_get_gpus_memory_runtime_and_partition(fake_slurm, t
             assert flag(args, "--ntasks-per-gpu") is None and flag(args, "--ntasks") is None
 
 
+def test_slurm_time_limits_and_caps():
+    from esgrpo.workflow.slurm import _minutes, capped
+
+    assert [_minutes(t) for t in ("infinite", "30", "30:00", "2:00:00", "1-00:00:00", "1-02:03:04")] == \
+        [None, 30, 30, 120, 1440, 1564]
+    assert capped("mem_mb", 48000, (24105, None)) == 24105 and capped("runtime", 180, (24105, None)) == 180
+    assert capped("runtime", 3000, (None, 2880)) == 2880 and capped("gpu", 8, (1, 1)) == 8
+
+
 # --------------------------------------------------------------------------- GPU slots on a workstation
 
 

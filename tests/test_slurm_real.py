@@ -282,3 +282,23 @@ def test_scancel_of_a_training_job_is_retried_and_resumes(slurm_env, workdir, re
     resumed = re.search(r"es: resuming after iteration (\d+) of 150", log)
     assert resumed and int(resumed.group(1)) >= 2, log[-3000:]
     same_weights(model_dir(workdir, CANCEL_RUN), reference.model(CANCEL_RUN))
+
+
+def test_a_retrys_size_stays_within_what_a_node_holds(slurm_env):
+    """prepare_task's third attempt (16,000 MB x 3) is more than this node has: sbatch refuses that size,
+    and takes the one the rules give it (esgrpo.workflow.slurm.capped)."""
+    from esgrpo.workflow.slurm import capped, cluster_limits
+
+    limits = cluster_limits()
+    node = subprocess.run(["scontrol", "show", "node", "-o"], capture_output=True, text=True, timeout=60).stdout
+    assert limits[0] == max(int(m) for m in re.findall(r"RealMemory=(\d+)", node))
+    wanted = 16000 * 3
+    assert wanted > limits[0]
+
+    def test_only(mem_mb: int) -> subprocess.CompletedProcess:
+        return subprocess.run(["sbatch", "--test-only", "--mem", str(mem_mb), "-t", "60", "--wrap", "true"],
+                              capture_output=True, text=True, env=slurm_env, timeout=60)
+
+    refused = test_only(wanted)
+    assert refused.returncode != 0 and "not available" in refused.stderr, refused.stderr
+    assert test_only(capped("mem_mb", wanted, limits)).returncode == 0
