@@ -2,7 +2,8 @@
 .ci/run): a small grid through sbatch to completion with each job's memory, time limit and CPUs checked on
 the Slurm side; kill -9 of the driver during training, then the documented recovery (docs/cluster.md, "When
 the driver dies") to the weights of an uninterrupted local run; scancel of a training job, retried and
-resumed from its checkpoint; a second driver refused while the first one's jobs run.
+resumed from its checkpoint; a second driver refused while the first one or its jobs run; a retry's
+memory within what the node holds.
 
 Skips without `sbatch` or an answering controller; fails instead where ESGRPO_REQUIRE_SLURM=1 (CI).
 Each Slurm job starts its own Python (no job server) and the plugin polls every few seconds, so a job
@@ -12,6 +13,7 @@ of a few seconds' work costs 15-40 s here: the grid is tests/data/slurm_local.ya
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import re
 import shutil
@@ -25,11 +27,15 @@ import pytest
 from conftest import REPO
 from safetensors.torch import load_file
 
+from esgrpo.io import read_jsonl
+
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 PROFILE = REPO / "profiles" / "slurm"
 CONFIG = REPO / "tests" / "data" / "slurm_local.yaml"
 GRID_RUN, KILL_RUN, CANCEL_RUN = "es-n4-s0", "es-n8-s1", "es-n8-s2"
+ITERATIONS = 40  # tests/data/slurm_local.yaml
+LOCAL_CLUSTER = "esgrpo"  # scripts/slurm_local.sh's ClusterName
 
 
 def model_dir(workdir: Path, run: str) -> Path:
@@ -46,6 +52,12 @@ def slurm_missing() -> str | None:
         return f"scontrol ping: {err}"
     if "UP" not in ping.stdout:
         return f"no Slurm controller answers (scontrol ping: {(ping.stdout + ping.stderr).strip()})"
+    # These tests submit jobs, suspend one (root) and expect partitions cpu and gpu: only on the cluster
+    # scripts/slurm_local.sh sets up, never on a site's cluster a login node happens to see.
+    config = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30).stdout
+    name = re.search(r"^ClusterName\s*=\s*(\S+)", config, re.M)
+    if not name or name.group(1) != LOCAL_CLUSTER:
+        return f"the Slurm controller is cluster {name and name.group(1)}, not scripts/slurm_local.sh's {LOCAL_CLUSTER}"
     return None
 
 
@@ -156,6 +168,15 @@ def same_weights(a: Path, b: Path) -> None:
     assert not different, different
 
 
+def same_metrics(a: Path, b: Path) -> None:
+    """metrics.jsonl beside two models: equal row for row to the last bit, but for the wall time."""
+    rows_a, rows_b = (read_jsonl(m.parent / "metrics.jsonl") for m in (a, b))
+    assert len(rows_a) == len(rows_b) == ITERATIONS
+    for x, y in zip(rows_a, rows_b, strict=True):
+        x.pop("seconds"), y.pop("seconds")
+        assert json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)  # repr: every bit; NaN == NaN
+
+
 def attempts_in_log(workdir: Path, run: str) -> str:
     return (workdir / "results" / "logs" / "tiny" / "sum_yesno" / run / "train.log").read_text()
 
@@ -221,18 +242,19 @@ def test_kill9_of_the_driver_then_the_documented_recovery(slurm_env, workdir, re
     first.proc.send_signal(signal.SIGKILL)
     first.proc.wait()
     assert squeue_state(job) == "RUNNING"  # the job outlives its driver
+    # Frozen where it is (SIGSTOP through slurmd), so that the checks below cannot race its end.
+    subprocess.run(["scontrol", "suspend", job], check=True, timeout=60)
 
     # Snakemake's lock, left by the killed driver, refuses the next driver ("Directory cannot be locked",
     # test_scancel_... sees it); after `--unlock`, which its message suggests, the check for an earlier
     # driver's jobs refuses it, naming the job and the recovery, before it submits anything.
     assert Driver(workdir, slurm_env, target, "kill_unlock", "--unlock").wait(180) == 0
-    assert squeue_state(job) == "RUNNING", "training ended before the check: make the run of slurm_local.yaml longer"
     second = Driver(workdir, slurm_env, target, "kill_second")
     assert second.wait(180) != 0
-    assert "still queued or running" in second.output and job in second.output, second.tail()
+    assert "still queued or running" in second.output and f"{job} SUSPENDED" in second.output, second.tail()
     assert "esgrpo.workflow.slurm cancel" in second.output
     assert not second.submitted(), second.tail()
-    assert squeue_state(job) == "RUNNING", "the refused driver left the old job alone"
+    assert squeue_state(job) == "SUSPENDED", "the refused driver left the old job alone"
 
     # docs/cluster.md: cancel the dead driver's jobs, unlock, start again.
     cancel = subprocess.run([sys.executable, "-m", "esgrpo.workflow.slurm", "cancel", "--directory", str(workdir)],
@@ -249,9 +271,10 @@ def test_kill9_of_the_driver_then_the_documented_recovery(slurm_env, workdir, re
     assert len(rerun.submitted()) == 1 and "Error in rule" not in rerun.output, rerun.tail()
     log = attempts_in_log(workdir, KILL_RUN)
     assert len(re.findall(r"^===== .* =====$", log, re.M)) == 2 and f"SLURM job {job}" in log, log[:2000]
-    resumed = re.search(r"es: resuming after iteration (\d+) of 150", log)
+    resumed = re.search(rf"es: resuming after iteration (\d+) of {ITERATIONS}", log)
     assert resumed and int(resumed.group(1)) >= 2, log[-3000:]
     same_weights(model_dir(workdir, KILL_RUN), reference.model(KILL_RUN))
+    same_metrics(model_dir(workdir, KILL_RUN), reference.model(KILL_RUN))
 
 
 def test_scancel_of_a_training_job_is_retried_and_resumes(slurm_env, workdir, reference):
@@ -279,9 +302,10 @@ def test_scancel_of_a_training_job_is_retried_and_resumes(slurm_env, workdir, re
     assert states[job]["State"].startswith("CANCELLED") and states[jobs[1]]["State"] == "COMPLETED", states
     log = attempts_in_log(workdir, CANCEL_RUN)
     assert f"SLURM job {job}" in log and f"SLURM job {jobs[1]}" in log, log[:2000]
-    resumed = re.search(r"es: resuming after iteration (\d+) of 150", log)
+    resumed = re.search(rf"es: resuming after iteration (\d+) of {ITERATIONS}", log)
     assert resumed and int(resumed.group(1)) >= 2, log[-3000:]
     same_weights(model_dir(workdir, CANCEL_RUN), reference.model(CANCEL_RUN))
+    same_metrics(model_dir(workdir, CANCEL_RUN), reference.model(CANCEL_RUN))
 
 
 def test_a_retrys_size_stays_within_what_a_node_holds(slurm_env):
