@@ -81,21 +81,18 @@ class StageCall:
                 raise
 
 
-# Snakemake deletes a job's log before every attempt; a hard link under this suffix keeps the file, and
-# each attempt appends to it (what a killed or cancelled job printed is how it is diagnosed).
-ALL_ATTEMPTS = ".all-attempts"
-
-
 def _open_log(path: str):
-    """The job's log for appending, holding every earlier attempt's lines: `path` is a hard link of
-    `path` + ALL_ATTEMPTS, which outlives Snakemake's deletion of `path` (a retry, a requeue, the copy a
-    new driver submits after a dead one). Where the file system has no hard links: this attempt only."""
-    keep = Path(path + ALL_ATTEMPTS)
+    """The job's log for appending, holding every earlier attempt's lines. Snakemake deletes a job's log
+    before each attempt (a retry, a requeue, the copy a new driver submits after a dead one); `path` is a
+    hard link of the hidden `.<name>.attempts` beside it, which outlives that, and each attempt appends
+    (what a killed or cancelled job printed is how it is diagnosed). Without hard links: this attempt only."""
+    log = Path(path)
+    keep = log.with_name(f".{log.name}.attempts")
     keep.parent.mkdir(parents=True, exist_ok=True)
     keep.touch()
-    with contextlib.suppress(FileExistsError, OSError):
-        os.link(keep, path)
-    return open(path, "a", buffering=1)
+    with contextlib.suppress(OSError):  # FileExistsError: Snakemake left it (or it is the link already)
+        os.link(keep, log)
+    return open(log, "a", buffering=1)
 
 
 def _attempt_header(stage: str) -> str:
