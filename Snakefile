@@ -28,6 +28,7 @@ include: "rules/heldout.smk"
 
 
 onstart:
+    check_slurm_driver()
     start_job_server()
 
 

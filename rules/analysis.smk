@@ -25,11 +25,12 @@ rule analysis_drift:
         f"{RESULTS}/logs/analysis/{{model}}/drift/{{task}}/{{run}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/drift/{{task}}/{{run}}.tsv"
-    threads: 1
+    threads: planned("analysis_drift", "threads", 1)
     resources:
         mem_mb=planned("analysis_drift", "mem_mb", 4000),
         runtime=planned("analysis_drift", "runtime", 30),
         gpu=planned("analysis_drift", "gpu", 0),
+        cpus_per_gpu=planned("analysis_drift", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_drift", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
@@ -74,11 +75,12 @@ rule analysis_cosine:
         f"{RESULTS}/logs/analysis/{{model}}/cosine/{{task}}/s{{seed}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/cosine/{{task}}/s{{seed}}.tsv"
-    threads: 1
+    threads: planned("analysis_cosine", "threads", 1)
     resources:
         mem_mb=planned("analysis_cosine", "mem_mb", 4000),
         runtime=planned("analysis_cosine", "runtime", 30),
         gpu=planned("analysis_cosine", "gpu", 0),
+        cpus_per_gpu=planned("analysis_cosine", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_cosine", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
@@ -104,11 +106,12 @@ rule analysis_sparsity:
         f"{RESULTS}/logs/analysis/{{model}}/sparsity/{{task}}/{{run}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/sparsity/{{task}}/{{run}}.tsv"
-    threads: 1
+    threads: planned("analysis_sparsity", "threads", 1)
     resources:
         mem_mb=planned("analysis_sparsity", "mem_mb", 4000),
         runtime=planned("analysis_sparsity", "runtime", 60),
         gpu=planned("analysis_sparsity", "gpu", 0),
+        cpus_per_gpu=planned("analysis_sparsity", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_sparsity", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
@@ -132,11 +135,12 @@ rule analysis_base_samples:
         f"{RESULTS}/logs/analysis/{{model}}/base_samples/{{evaltask}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/base_samples/{{evaltask}}.tsv"
-    threads: 1
+    threads: planned("analysis_base_samples", "threads", 1)
     resources:
         mem_mb=planned("analysis_base_samples", "mem_mb", 2000),
         runtime=planned("analysis_base_samples", "runtime", 30),
         gpu=planned("analysis_base_samples", "gpu", 0),
+        cpus_per_gpu=planned("analysis_base_samples", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_base_samples", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
@@ -163,11 +167,12 @@ rule analysis_kl:
         f"{RESULTS}/logs/analysis/{{model}}/kl/{{task}}/{{run}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/kl/{{task}}/{{run}}.tsv"
-    threads: 1
+    threads: planned("analysis_kl", "threads", 1)
     resources:
         mem_mb=planned("analysis_kl", "mem_mb", 4000),
         runtime=planned("analysis_kl", "runtime", 30),
         gpu=planned("analysis_kl", "gpu", 0),
+        cpus_per_gpu=planned("analysis_kl", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_kl", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
@@ -199,11 +204,12 @@ rule analysis_interpolation:
         f"{RESULTS}/logs/analysis/{{model}}/interpolation/{{task}}/s{{seed}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/interpolation/{{task}}/s{{seed}}.tsv"
-    threads: 1
+    threads: planned("analysis_interpolation", "threads", 1)
     resources:
         mem_mb=planned("analysis_interpolation", "mem_mb", 4000),
         runtime=planned("analysis_interpolation", "runtime", 120),
         gpu=planned("analysis_interpolation", "gpu", 0),
+        cpus_per_gpu=planned("analysis_interpolation", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_interpolation", "gpu_model", ""),
     conda:
         SOFTWARE_ENV

@@ -24,6 +24,7 @@ from esgrpo.runs import (
     reward_rules_setting,
     run_spec,
 )
+from esgrpo.workflow import slurm
 
 check_config(config)
 # Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included.
@@ -329,16 +330,33 @@ def plan_key(rule_name, wildcards):
     return (rule_name, wildcards.model, wildcards.task, run)
 
 
-def planned(rule, name, cpu_default):
-    """The input function of resource `name` (mem_mb, runtime, gpu, gpu_model) of `rule`: the plan's,
-    mem_mb and runtime times the attempt (a retry resumes from its checkpoint with more of both);
-    `cpu_default` in a CPU-only config."""
+def retry_size(name, value, attempt):
+    """mem_mb or runtime `value` of attempt 1 for attempt `attempt` (a retry resumes from its checkpoint with
+    more of both), on a cluster at most what its largest node and longest partition limit allow: sbatch
+    refuses a job no node can hold (esgrpo.workflow.slurm.cluster_limits)."""
+    if name not in ("mem_mb", "runtime"):
+        return value
+    value *= attempt
+    return value if workflow.local_exec else slurm.capped(name, value, slurm.cluster_limits())
+
+
+def sized(name, value):
+    """The input function of resource `name` (mem_mb, runtime) of a rule the plan does not size."""
 
     def resource(wildcards, attempt):
-        if not PLAN_SIZES_JOBS:
-            return cpu_default
-        value = PLANNER.plan(*plan_key(rule, wildcards)).resources()[name]
-        return value * attempt if name in ("mem_mb", "runtime") else value
+        return retry_size(name, value, attempt)
+
+    return resource
+
+
+def planned(rule, name, cpu_default):
+    """The input function of resource `name` (mem_mb, runtime, threads, gpu, gpu_model) of `rule`: the
+    plan's (JobPlan.resources: threads = the CPUs the job asks for, 1 per job on a CPU, plan.cpus_per_gpu
+    per GPU); `cpu_default` in a CPU-only config; mem_mb and runtime grow with the attempt (retry_size)."""
+
+    def resource(wildcards, attempt):
+        value = PLANNER.resources(*plan_key(rule, wildcards))[name] if PLAN_SIZES_JOBS else cpu_default
+        return retry_size(name, value, attempt)
 
     resource.__name__ = f"{rule}_{name}"
     return resource
@@ -537,3 +555,18 @@ def start_job_server():
 def stop_job_server():
     while JOB_SERVERS:
         JOB_SERVERS.pop().stop()
+
+
+# --- SLURM -------------------------------------------------------------------------------------
+# profiles/slurm reads its partitions from the environment (ESGRPO_SLURM_PARTITION, ..._GPU_PARTITION);
+# unset, they are the local cluster's names. Set here, at parse time: Snakemake expands the profile's
+# $VARS when it evaluates each job's resources, and the jobs inherit them (sbatch --export=ALL).
+for _name, _default in slurm.PARTITION_DEFAULTS.items():
+    os.environ.setdefault(_name, _default)
+
+
+def check_slurm_driver():
+    """onstart of a SLURM driver: an account set, and no job of an earlier driver left in this working
+    directory (esgrpo.workflow.slurm.check_driver; docs/cluster.md, "When the driver dies")."""
+    if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
+        slurm.check_driver(os.getcwd())

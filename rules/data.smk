@@ -14,6 +14,9 @@ rule prepare_task:
     log:
         f"{RESULTS}/logs/data/{{task}}.log",
     threads: 1
+    resources:
+        mem_mb=sized("mem_mb", 16000),  # DeepScaleR (40k rows) and SciKnowEval load whole splits
+        runtime=sized("runtime", 60),
     conda:
         SOFTWARE_ENV
     script:

@@ -18,11 +18,12 @@ rule eval_base:
         f"{RESULTS}/logs/{{model}}/base/eval.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/base/eval.tsv"
-    threads: 1
+    threads: planned("eval_base", "threads", 1)
     resources:
         mem_mb=planned("eval_base", "mem_mb", 2000),
         runtime=planned("eval_base", "runtime", 60),
         gpu=planned("eval_base", "gpu", 0),
+        cpus_per_gpu=planned("eval_base", "cpus_per_gpu", 0),
         gpu_model=planned("eval_base", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
@@ -47,11 +48,12 @@ rule eval_run:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/eval.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/eval.tsv"
-    threads: 1
+    threads: planned("eval_run", "threads", 1)
     resources:
         mem_mb=planned("eval_run", "mem_mb", 2000),
         runtime=planned("eval_run", "runtime", 60),
         gpu=planned("eval_run", "gpu", 0),
+        cpus_per_gpu=planned("eval_run", "cpus_per_gpu", 0),
         gpu_model=planned("eval_run", "gpu_model", ""),
     conda:
         SOFTWARE_ENV

@@ -25,11 +25,12 @@ rule heldout_base:
         f"{RESULTS}/logs/{{model}}/base/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/base/heldout_{{bench}}.tsv"
-    threads: 1
+    threads: planned("eval_base", "threads", 1)
     resources:
         mem_mb=planned("eval_base", "mem_mb", 4000),
-        runtime=HELDOUT_RUNTIME,
+        runtime=sized("runtime", HELDOUT_RUNTIME),
         gpu=planned("eval_base", "gpu", 0),
+        cpus_per_gpu=planned("eval_base", "cpus_per_gpu", 0),
         gpu_model=planned("eval_base", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
@@ -52,11 +53,12 @@ rule heldout_run:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.tsv"
-    threads: 1
+    threads: planned("eval_run", "threads", 1)
     resources:
         mem_mb=planned("eval_run", "mem_mb", 4000),
-        runtime=HELDOUT_RUNTIME,
+        runtime=sized("runtime", HELDOUT_RUNTIME),
         gpu=planned("eval_run", "gpu", 0),
+        cpus_per_gpu=planned("eval_run", "cpus_per_gpu", 0),
         gpu_model=planned("eval_run", "gpu_model", ""),
     conda:
         SOFTWARE_ENV

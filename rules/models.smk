@@ -21,8 +21,8 @@ rule build_default_model:
         f"{RESULTS}/benchmarks/{{model}}/build_default_model.tsv"
     threads: 1
     resources:
-        mem_mb=2000,
-        runtime=30,
+        mem_mb=sized("mem_mb", 4000),
+        runtime=sized("runtime", 60),
     conda:
         SOFTWARE_ENV
     script:
@@ -47,8 +47,8 @@ rule base_fingerprint:
         f"{RESULTS}/logs/{{model}}/base_fingerprint.log",
     threads: 1
     resources:
-        mem_mb=1000,
-        runtime=10,
+        mem_mb=sized("mem_mb", 1000),
+        runtime=sized("runtime", 10),
     conda:
         SOFTWARE_ENV
     script:
@@ -79,8 +79,8 @@ rule convert_gguf_model:
         model=_alternatives(GGUF_MODELS) if GGUF_MODELS else "(?!)",
     threads: 1
     resources:
-        mem_mb=4000,
-        runtime=30,
+        mem_mb=sized("mem_mb", 8000),
+        runtime=sized("runtime", 30),
     conda:
         SOFTWARE_ENV
     script:

@@ -26,11 +26,12 @@ rule train_run:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/train.tsv"
     wildcard_constraints:
         run=TRAINED_RUN_PATTERN,
-    threads: 1
+    threads: planned("train_run", "threads", 1)
     resources:
         mem_mb=planned("train_run", "mem_mb", 4000),
         runtime=planned("train_run", "runtime", 120),
         gpu=planned("train_run", "gpu", 0),
+        cpus_per_gpu=planned("train_run", "cpus_per_gpu", 0),
         gpu_model=planned("train_run", "gpu_model", ""),
     conda:
         SOFTWARE_ENV

@@ -57,3 +57,29 @@ def ci_workflow(tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("ci_workflow")
     run_workflow(workdir, REPO / "configs" / "ci.yaml")
     return workdir / "results"
+
+
+# The wall time of the stages CI reports (.ci/run): every phase of the tests of each marker, summed.
+STAGE_MARKERS = ("slurm", "vllm")
+_STAGES: dict[str, dict[str, float]] = {}
+
+
+_MARKED: dict[str, str] = {}  # nodeid -> its stage marker
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for marker in STAGE_MARKERS:
+            if item.get_closest_marker(marker):
+                _MARKED[item.nodeid] = marker
+
+
+def pytest_runtest_logreport(report):
+    if report.nodeid in _MARKED:
+        tests = _STAGES.setdefault(_MARKED[report.nodeid], {})
+        tests[report.nodeid] = tests.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter):
+    for marker, tests in _STAGES.items():
+        terminalreporter.write_line(f"{marker} tests: {len(tests)}, {sum(tests.values()):.0f} s")

@@ -20,6 +20,7 @@ from esgrpo.workflow.gpu_slots import SLOTS_ENV, acquire, gpu_slots, parse_slots
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "slurm"
 ES_RUN, GRPO_RUN = "es-n32-s0", "grpo-g8-s0"
+ACCOUNT = "fake_account"
 
 
 def profile() -> dict:
@@ -34,7 +35,11 @@ def test_profile_keys_are_real_flags():
 
     p = profile()
     assert p["executor"] == "slurm" and p["slurm-requeue"] is True
-    assert "requeue" in ExecutorSettings.__dataclass_fields__  # --slurm-requeue
+    for key in ("slurm-requeue", "slurm-status-command", "slurm-delete-logfiles-older-than", "slurm-logdir"):
+        assert key.removeprefix("slurm-").replace("-", "_") in ExecutorSettings.__dataclass_fields__, key
+    # sacct's "CANCELLED by <uid>" never matches the plugin's failure states (tests/test_slurm_real.py)
+    assert p["slurm-status-command"] == "squeue"
+    assert "set-threads" not in p  # CPUs per job come from the rules and the plan
     assert p["retries"] >= 1 and "cores" not in p  # no cores on a login node
     assert "resources" not in p  # a global gpu limit would throttle the cluster (docs/references.md)
     # Snakemake formats its error message for runtime / mem values with str.format: no braces there.
@@ -65,8 +70,12 @@ def test_profile_keeps_only_site_settings():
     # the rules take every size from the plan
     rules = "\n".join(path.read_text() for path in (REPO / "rules").glob("*.smk"))
     for rule in PLANNED_RULES:
-        for name in ("mem_mb", "runtime", "gpu", "gpu_model"):
+        for name in ("mem_mb", "runtime", "gpu", "gpu_model", "cpus_per_gpu"):
             assert f'{name}=planned("{rule}", "{name}"' in rules, (rule, name)
+        assert f'threads: planned("{rule}", "threads"' in rules, rule
+    # site settings from the environment, the account never guessed
+    assert p["default-resources"] == {"slurm_partition": "$ESGRPO_SLURM_PARTITION",
+                                      "slurm_account": "$ESGRPO_SLURM_ACCOUNT"}
 
 
 def planned_resources(config_name: str, rule: str, model: str, task: str, run: str) -> dict:
@@ -111,7 +120,8 @@ def fake_slurm(tmp_path):
 def submit(fake_slurm, workdir: Path, configfile: Path, wanted: int, jobs: int, timeout: float = 240.0):
     """Run the workflow with the SLURM profile until `wanted` jobs were submitted; return {comment: args}."""
     bin_dir, log = fake_slurm
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM_LOG": str(log)}
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "FAKE_SLURM_LOG": str(log),
+           "ESGRPO_SLURM_ACCOUNT": ACCOUNT}
     env.pop("SLURM_JOB_ID", None)
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--workflow-profile",
            str(PROFILE), "--jobs", str(jobs), "--directory", str(workdir), f"--configfile={configfile}"]
@@ -144,18 +154,6 @@ def flag(args: list[str], name: str) -> str | None:
     return None
 
 
-@pytest.mark.slow
-def test_cpu_jobs_are_submitted_to_the_cpu_partition(fake_slurm, tmp_path):
-    calls = submit(fake_slurm, tmp_path / "wd", REPO / "configs" / "ci.yaml", wanted=2, jobs=2)
-    prepare = [args for comment, args in calls.items() if comment.startswith("rule_prepare_task_")]
-    assert prepare, calls.keys()
-    for args in prepare:
-        assert flag(args, "-p") == "cpu"
-        assert flag(args, "--mem") == "16000" and flag(args, "-t") == "60"
-        assert "--requeue" in args and flag(args, "--cpus-per-task") == "1"
-        assert flag(args, "--gpus") is None and flag(args, "--gres") is None
-
-
 def _fake_task_data(workdir: Path, tasks: list[str]) -> None:
     """Outputs of prepare_task, so the GPU jobs downstream are ready at once."""
     for task in tasks:
@@ -182,6 +180,7 @@ def test_gpu_jobs_of_paper_b_get_gpus_memory_runtime_and_partition(fake_slurm, t
     def sized_by_the_plan(args: list[str], rule: str, model: str, task: str, run: str) -> dict:
         want = planned_resources("paper_b", rule, model, task, run)
         assert flag(args, "-p") == "gpu" and flag(args, "--cpus-per-gpu") == "8" and "--requeue" in args
+        assert flag(args, "-A") == ACCOUNT
         assert flag(args, "--gpus") == f"{want['gpu_model']}:{want['gpu']}", (args, want)
         assert flag(args, "--mem") == str(want["mem_mb"]) and flag(args, "-t") == str(want["runtime"])
         return want
@@ -205,6 +204,15 @@ def test_gpu_jobs_of_paper_b_get_gpus_memory_runtime_and_partition(fake_slurm, t
             # Plugin 2.6.x added --ntasks-per-gpu=1 to every GPU job; 2.8.0, pinned in both envs and run
             # here (tests/test_envs.py), adds it only when a rule sets tasks_per_gpu.
             assert flag(args, "--ntasks-per-gpu") is None and flag(args, "--ntasks") is None
+
+
+def test_slurm_time_limits_and_caps():
+    from esgrpo.workflow.slurm import _minutes, capped
+
+    assert [_minutes(t) for t in ("infinite", "30", "30:00", "2:00:00", "1-00:00:00", "1-02:03:04")] == \
+        [None, 30, 30, 120, 1440, 1564]
+    assert capped("mem_mb", 48000, (24105, None)) == 24105 and capped("runtime", 180, (24105, None)) == 180
+    assert capped("runtime", 3000, (None, 2880)) == 2880 and capped("gpu", 8, (1, 1)) == 8
 
 
 # --------------------------------------------------------------------------- GPU slots on a workstation
@@ -300,6 +308,34 @@ def test_run_stage_holds_the_jobs_gpu_slots(tmp_path, monkeypatch):
     assert gpu_stage.seen == ["5,6", None]
     assert "CUDA_VISIBLE_DEVICES=5,6" in (tmp_path / "stage2.log").read_text()
     assert "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
+def test_a_jobs_log_keeps_the_lines_of_every_attempt(tmp_path, monkeypatch):
+    """Snakemake deletes a job's log before each attempt (a retry, a requeue, the rerun after a dead
+    driver); every attempt's lines stay in it, each under a header naming its SLURM job."""
+    from types import SimpleNamespace
+
+    from esgrpo.workflow import job_server
+    from esgrpo.workflow.bridge import run_stage
+
+    class Named(dict):
+        def __getattr__(self, key):
+            return self[key]
+
+    monkeypatch.delenv(job_server.SERVER_ENV, raising=False)
+    (tmp_path / "talking_stage.py").write_text(
+        "def stage(input, output, params, wildcards, threads):\n    print('attempt', params['n'])\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    log = tmp_path / "logs" / "train.log"
+    for n in (1, 2):
+        monkeypatch.setenv("SLURM_JOB_ID", str(4000 + n))
+        log.unlink(missing_ok=True)  # what Snakemake does before each attempt
+        smk = SimpleNamespace(input=Named(), output=Named(), params=Named(n=n), wildcards=Named(), threads=1,
+                              log=[str(log)], resources=Named(gpu=0))
+        run_stage(smk, "talking_stage:stage")
+    text = log.read_text()
+    assert "SLURM job 4001 =====" in text and "SLURM job 4002 =====" in text, text
+    assert text.index("SLURM job 4001") < text.index("attempt 1") < text.index("SLURM job 4002") < text.index("attempt 2")
 
 
 def test_run_stage_leaves_torch_unimported_for_stages_without_it(tmp_path):

@@ -142,7 +142,13 @@ class HFESBackend(ESBackend):
     def load_state(self, folder: Path) -> None:
         from safetensors.torch import load_file
 
-        self.theta = {k: v.to(self.device) for k, v in load_file(str(folder / THETA_FILE)).items()}
+        saved = load_file(str(folder / THETA_FILE))
+        if saved.keys() != self.theta.keys():
+            raise ValueError(f"{folder}: tensors differ from this run's trainable set")
+        # In the trainable set's order, not the file's (sorted by name): the update and distance norms sum
+        # tensor by tensor in dict order, and a resumed run must log the metrics of an uninterrupted one to
+        # the last bit (seen on a real Slurm: ~1e-16 apart in update_norm and distance_from_init).
+        self.theta = {k: saved[k].to(self.device) for k in self.theta}
         load_theta_into_model(self.model, self.theta)
 
     def export(self, model_dir: Path) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from esgrpo.plan.architecture import Architecture, PlanError, architecture_for
-from esgrpo.plan.jobs import JobPlan, JobSpec, plan_job
+from esgrpo.plan.jobs import CPUS_PER_GPU, JobPlan, JobSpec, plan_job
 from esgrpo.plan.memory import GIB
 from esgrpo.plan.prompts import (
     DEFAULT_PROMPT_TOKENS,
@@ -36,11 +36,13 @@ DEFAULT_TEST_ROWS = 500
 class PlanSettings:
     """What the plan needs beyond the config. gpu_type: the GPU the SLURM profile asks for;
     es_gpus: vLLM engines (GPUs) per ES job when `es.engine.num_engines` is not set;
-    grpo_gpus: None lets the plan pick the fewest GPUs that fit."""
+    grpo_gpus: None lets the plan pick the fewest GPUs that fit; cpus_per_gpu: CPU cores a GPU job
+    asks for per GPU."""
 
     gpu_type: str = "h200"
     es_gpus: int = 4
     grpo_gpus: int | None = None
+    cpus_per_gpu: int = CPUS_PER_GPU
     prompt_tokens: dict[str, int] = field(default_factory=dict)
     results: str = "results"
 
@@ -263,7 +265,7 @@ class Planner:
         planner.check()                                   # at parse time: PlanError naming every misfit
         planner.plan("train_run", model, task, run)       # a JobPlan (eval_base: task = run = "base";
                                                           #   analyses: their rule, task, and run or "s{seed}")
-        planner.resources("train_run", model, task, run)  # mem_mb, runtime, gpu, gpu_model
+        planner.resources("train_run", model, task, run)  # mem_mb, runtime, gpu, gpu_model, threads, cpus_per_gpu
         planner.write("results/plan.csv", "results/plan.md")
     """
 
@@ -301,7 +303,7 @@ class Planner:
         return job
 
     def resources(self, rule: str, model: str, task: str, run: str) -> dict[str, object]:
-        return self.plan(rule, model, task, run).resources()
+        return self.plan(rule, model, task, run).resources(self.settings.cpus_per_gpu)
 
     def all(self) -> list[JobPlan]:
         """Every job's plan; PlanError listing every job that cannot fit (not just the first)."""

@@ -72,6 +72,9 @@ PLAN_HEADROOM = 0.9
 # envs/gpu.yaml has no DeepSpeed (esgrpo.grpo.launch refuses zero3 without it), so the plan never
 # chooses ZeRO-3 even where it would shard the same state (GRPOSettings.sharding still allows it).
 MULTI_GPU_SHARDING = "fsdp"
+# CPU cores per GPU a GPU job asks for (config `plan.cpus_per_gpu`): what the profile set for every GPU
+# job before the plan did, and a common share on 8-GPU nodes (64-128 cores per 8 GPUs).
+CPUS_PER_GPU = 8
 # SLURM time limit: the expected runtime x 1.5, plus 10 minutes (queue-side start, a slow node).
 RUNTIME_FACTOR, RUNTIME_EXTRA_MINUTES = 1.5, 10
 
@@ -186,11 +189,15 @@ class JobPlan:
             return {**settings, "engine": {**(settings.get("engine") or {}), **chosen}}
         return {**settings, **chosen}
 
-    def resources(self) -> dict[str, object]:
-        """What the rule's `resources:` take: mem_mb, runtime (minutes), gpu, gpu_model."""
+    def resources(self, cpus_per_gpu: int = CPUS_PER_GPU) -> dict[str, object]:
+        """What the rule's `threads:` and `resources:` take: mem_mb, runtime (minutes), gpu, gpu_model, and the
+        CPUs the job asks for: `cpus_per_gpu` per GPU (vLLM engine processes, Ray, tokenisation; the SLURM
+        plugin submits --cpus-per-gpu), threads = all of them; a job on the host 1 (one torch thread per job:
+        more threads than a job's cores thrash, docs/references.md; the plugin submits --cpus-per-task=1)."""
         gpu = self.gpus if self.gpu_memory is not None else 0
         return {"mem_mb": self.mem_mb, "runtime": self.runtime_minutes, "gpu": gpu,
-                "gpu_model": (self.job.gpu_type or "") if gpu else ""}
+                "gpu_model": (self.job.gpu_type or "") if gpu else "",
+                "threads": gpu * cpus_per_gpu if gpu else 1, "cpus_per_gpu": cpus_per_gpu if gpu else 0}
 
 
 def check_fits(plan: JobPlan) -> JobPlan:

@@ -12,9 +12,12 @@ import contextlib
 import importlib
 import logging
 import os
+import socket
 import sys
+import time
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 
 def _plain(value):
@@ -60,10 +63,11 @@ class StageCall:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         module, _, name = self.stage.partition(":")
         stage = getattr(importlib.import_module(module), name)
-        handle = open(self.log_path, "w", buffering=1) if self.log_path else None
+        handle = _open_log(self.log_path) if self.log_path else None
         with contextlib.ExitStack() as stack:
             if handle:
                 stack.enter_context(handle)
+                handle.write(_attempt_header(self.stage))
                 stack.enter_context(contextlib.redirect_stdout(handle))
                 stack.enter_context(contextlib.redirect_stderr(handle))
                 logging.basicConfig(stream=handle, level=logging.INFO, force=True)
@@ -75,6 +79,30 @@ class StageCall:
             except Exception:
                 traceback.print_exc()
                 raise
+
+
+def _open_log(path: str):
+    """The job's log for appending, holding every earlier attempt's lines. Snakemake deletes a job's log
+    before each attempt (a retry, a requeue, the copy a new driver submits after a dead one); `path` is a
+    hard link of the hidden `.<name>.attempts` beside it, which outlives that, and each attempt appends
+    (what a killed or cancelled job printed is how it is diagnosed). Without hard links: this attempt only."""
+    log = Path(path)
+    keep = log.with_name(f".{log.name}.attempts")
+    keep.parent.mkdir(parents=True, exist_ok=True)
+    keep.touch()
+    with contextlib.suppress(OSError):  # FileExistsError: Snakemake left it (or it is the link already)
+        os.link(keep, log)
+    return open(log, "a", buffering=1)
+
+
+def _attempt_header(stage: str) -> str:
+    """The line that opens each attempt's part of a job log: when, where, which SLURM job (and requeue)."""
+    where = f"{socket.gethostname()} pid {os.getpid()}"
+    if os.environ.get("SLURM_JOB_ID"):
+        where += f", SLURM job {os.environ['SLURM_JOB_ID']}"
+        if os.environ.get("SLURM_RESTART_COUNT"):
+            where += f" (requeued {os.environ['SLURM_RESTART_COUNT']}x)"
+    return f"===== {time.strftime('%Y-%m-%dT%H:%M:%S%z')} {stage} on {where} =====\n"
 
 
 def run_stage(smk, stage: str) -> None:
