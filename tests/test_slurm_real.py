@@ -12,6 +12,7 @@ of a few seconds' work costs 15-40 s here: the grid is tests/data/slurm_local.ya
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import json
 import os
@@ -177,6 +178,29 @@ def same_metrics(a: Path, b: Path) -> None:
         assert json.dumps(x, sort_keys=True) == json.dumps(y, sort_keys=True)  # repr: every bit; NaN == NaN
 
 
+def processes_left(workdir: Path, grace: float = 15.0) -> list[str]:
+    """Processes whose command line names `workdir` (a job's Snakemake, its script) `grace` seconds after the
+    last driver ended, killed here: none may be left. Once, under proctrack/linuxproc, a cancelled job's
+    Snakemake (it catches SIGTERM, then waited on a lock for good) outlived its job."""
+
+    def find() -> dict[int, str]:
+        found = {}
+        for proc in Path("/proc").glob("[0-9]*"):
+            with contextlib.suppress(OSError):
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if str(workdir) in cmd and int(proc.name) != os.getpid():
+                    found[int(proc.name)] = cmd[:300]
+        return found
+
+    deadline = time.monotonic() + grace
+    while (left := find()) and time.monotonic() < deadline:
+        time.sleep(1)
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return [f"{pid}: {cmd}" for pid, cmd in left.items()]
+
+
 def attempts_in_log(workdir: Path, run: str) -> str:
     return (workdir / "results" / "logs" / "tiny" / "sum_yesno" / run / "train.log").read_text()
 
@@ -273,6 +297,7 @@ def test_kill9_of_the_driver_then_the_documented_recovery(slurm_env, workdir, re
     assert len(re.findall(r"^===== .* =====$", log, re.M)) == 2 and f"SLURM job {job}" in log, log[:2000]
     resumed = re.search(rf"es: resuming after iteration (\d+) of {ITERATIONS}", log)
     assert resumed and int(resumed.group(1)) >= 2, log[-3000:]
+    assert not processes_left(workdir), "a process of the cancelled job outlived it"
     same_weights(model_dir(workdir, KILL_RUN), reference.model(KILL_RUN))
     same_metrics(model_dir(workdir, KILL_RUN), reference.model(KILL_RUN))
 
@@ -304,6 +329,7 @@ def test_scancel_of_a_training_job_is_retried_and_resumes(slurm_env, workdir, re
     assert f"SLURM job {job}" in log and f"SLURM job {jobs[1]}" in log, log[:2000]
     resumed = re.search(rf"es: resuming after iteration (\d+) of {ITERATIONS}", log)
     assert resumed and int(resumed.group(1)) >= 2, log[-3000:]
+    assert not processes_left(workdir), "a process of a cancelled job outlived it"
     same_weights(model_dir(workdir, CANCEL_RUN), reference.model(CANCEL_RUN))
     same_metrics(model_dir(workdir, CANCEL_RUN), reference.model(CANCEL_RUN))
 
