@@ -1,6 +1,10 @@
 # esgrpo: Evolution Strategies vs GRPO post-training, from one configuration to every table.
 # Usage: README.md. The default config runs the whole grid in miniature on a CPU, offline.
+from jsonschema import ValidationError
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
+
+from esgrpo.config import ConfigError, schema_error
 
 min_version("9.0")
 
@@ -12,7 +16,14 @@ if not workflow.overwrite_configfiles:
     configfile: "config.yaml"
 
 
-validate(config, schema="schemas/config.schema.yaml")
+# Defaults filled from the schema. Snakemake's own message would print the failing part of the schema
+# and of the config (all of both for a top-level key): one line naming the key instead.
+try:
+    validate(config, schema="schemas/config.schema.yaml")
+except WorkflowError as err:
+    if not isinstance(err.__context__, ValidationError):
+        raise
+    raise ConfigError(schema_error(err.__context__)) from None
 
 
 include: "rules/common.smk"

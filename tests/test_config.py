@@ -90,3 +90,92 @@ def test_software_env_follows_the_backend(default_config):
     config = copy.deepcopy(default_config)
     config["models"]["tiny"]["eval"] = {"device": "cuda:0"}
     assert software_env(config) == "gpu"
+
+
+# --------------------------------------------------------------------------- errors a new user meets (issue 22)
+
+
+def test_a_model_folder_that_does_not_exist_is_named(default_config, tmp_path):
+    config = copy.deepcopy(default_config)
+    config["models"]["tiny"]["source"] = "/nonexistent/model_dir"
+    with pytest.raises(ConfigError, match=r"^models\.tiny\.source: the folder /nonexistent/model_dir does not "
+                                          r"exist; give an existing folder in Hugging Face layout, a Hub id"):
+        check_config(config)
+    config["models"]["tiny"]["source"] = str(tmp_path)  # a folder, but no model in it
+    with pytest.raises(ConfigError, match=r"models\.tiny\.source: the folder .* has no config\.json"):
+        check_config(config)
+    (tmp_path / "config.json").write_text("{}")
+    check_config(config)
+
+
+def test_an_exponent_without_a_dot_says_why_it_is_a_string(default_config):
+    """PyYAML (YAML 1.1) reads 5e-4 as a string; the error says so and how to write it."""
+    config = copy.deepcopy(default_config)
+    config["grpo"]["settings"].update(yaml.safe_load("learning_rate: 5e-4"))
+    assert config["grpo"]["settings"]["learning_rate"] == "5e-4"
+    with pytest.raises(ConfigError, match=r"learning_rate .*got '5e-4': YAML 1\.1 \(Snakemake's config reader\) "
+                                          r"reads 5e-4 as a string, not a number; write 5\.0e-4$"):
+        check_config(config)
+    config["grpo"]["settings"].update(yaml.safe_load("learning_rate: 5.0e-4"))
+    check_config(config)
+    config["es"]["settings"].update(yaml.safe_load("sigma: 1.0e3"))  # a dot, but the exponent has no sign
+    with pytest.raises(ConfigError, match=r"sigma .*reads 1\.0e3 as a string, not a number; write 1\.0e\+3$"):
+        check_config(config)
+
+
+def schema_message(config: dict) -> str:
+    from jsonschema import ValidationError
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    from esgrpo.config import schema_error
+
+    with pytest.raises(WorkflowError) as err:
+        validate(config, str(REPO / "schemas" / "config.schema.yaml"))
+    assert isinstance(err.value.__context__, ValidationError)
+    return schema_error(err.value.__context__)
+
+
+def test_a_schema_error_is_one_line_naming_the_key(default_config):
+    config = copy.deepcopy(default_config)
+    config["evl"] = {}
+    message = schema_message(config)
+    assert message.startswith("evl: unknown key; allowed here: ['analysis', 'default_model', 'es', 'eval',")
+    assert "\n" not in message and len(message) < 300
+    config = copy.deepcopy(default_config)
+    config["eval"]["n_samples"] = "eight"
+    assert schema_message(config) == "eval.n_samples: must be an integer, got 'eight' (schemas/config.schema.yaml)"
+    config = copy.deepcopy(default_config)
+    config["default_model"]["warmup"]["lr"] = "2e-3"
+    assert schema_message(config).startswith("default_model.warmup.lr: must be a number, got '2e-3': YAML 1.1")
+    config = copy.deepcopy(default_config)
+    config["eval"]["test_size"] = [1]
+    assert schema_message(config) == ("eval.test_size: must be an integer or null, got a list "
+                                      "(schemas/config.schema.yaml)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit, line", [
+    (lambda text: text + "\nevl: {}\n", "evl: unknown key; allowed here: ['analysis', "),
+    (lambda text: text.replace("source: default", "source: /nonexistent/model_dir"),
+     "models.tiny.source: the folder /nonexistent/model_dir does not exist"),
+    (lambda text: text.replace("learning_rate: 0.0005", "learning_rate: 5e-4"),
+     "reads 5e-4 as a string, not a number; write 5.0e-4"),
+])
+def test_snakemake_stops_with_one_line(tmp_path, edit, line):
+    """`snakemake -n` on a broken config: the line names the key and what to write; no schema dump, no
+    `hf download` of a path (what issue 22 met)."""
+    import os
+    import subprocess
+    import sys
+
+    configfile = tmp_path / "broken.yaml"
+    configfile.write_text(edit((REPO / "configs" / "ci.yaml").read_text()))
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--snakefile", str(REPO / "Snakefile"),
+                          "--directory", str(tmp_path / "wd"), f"--configfile={configfile}"],
+                         cwd=REPO, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert sum(line in row for row in text.splitlines()) == 1, text
+    assert len(text.splitlines()) < 12 and "Failed validating" not in text and "hf download" not in text, text
+    assert not (tmp_path / "wd" / "results").exists()

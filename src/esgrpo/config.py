@@ -8,15 +8,18 @@ Every error names the key and what is allowed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from esgrpo.es.settings import ESConfig
 from esgrpo.grpo.settings import GRPOSettings
+from esgrpo.settings import yaml_number_hint
 from esgrpo.tasks.base import prompt_setting
 from esgrpo.tasks.registry import TASKS, get_task
 from esgrpo.tasks.rewards import RULES
 
-# Folders of results/ that a model or task name would collide with.
-RESERVED_NAMES = {"base", "data", "tables", "figures", "logs", "benchmarks", "analysis", "report"}
+# Folders of a grid's results folder (esgrpo.grids) that a model or task name would collide with.
+RESERVED_NAMES = {"base", "data", "tables", "figures", "logs", "benchmarks", "analysis", "report", "progress"}
 
 
 class ConfigError(ValueError):
@@ -57,8 +60,56 @@ def _check_task_options(task: str, options: dict) -> None:
         raise ConfigError(f"tasks.{task}.selection: {options['selection']!r} is not known; allowed: {allowed}")
 
 
+_SCHEMA_TYPES = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
+                 "object": "a mapping", "array": "a list", "null": "null"}
+
+
+def schema_error(error: Any) -> str:
+    """One line for a jsonschema ValidationError of the config: the key, what is wrong, what to write
+    (Snakemake's own message prints the failing part of the schema and of the config, up to the whole
+    of both for a key at the top level)."""
+    key = ".".join(str(p) for p in error.absolute_path) or "the config"
+    value, kind = error.instance, error.validator
+    if kind == "additionalProperties":
+        allowed = sorted(error.schema.get("properties", {}))
+        extra = sorted(set(value) - set(allowed)) if isinstance(value, dict) else []
+        where = f"{key}." if error.absolute_path else ""
+        return (f"{where}{extra[0] if extra else '?'}: unknown key; allowed here: {allowed} "
+                f"(schemas/config.schema.yaml)")
+    if kind == "type":
+        types = error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+        wanted = " or ".join(_SCHEMA_TYPES.get(t, t) for t in types)
+        shown = repr(value) if not isinstance(value, (dict, list)) else f"a {type(value).__name__}"
+        return f"{key}: must be {wanted}, got {shown}{yaml_number_hint(value)} (schemas/config.schema.yaml)"
+    message = error.message if len(error.message) <= 200 else error.message[:197] + "..."
+    return f"{key}: {message} (schemas/config.schema.yaml)"
+
+
+def _looks_like_a_folder(source: str) -> bool:
+    """A path rather than a Hub id (`org/name`) or the `default` / `package:NAME` sources."""
+    return source.startswith(("/", "./", "../", "~")) or source.count("/") > 1
+
+
+def _check_source(model: str, spec: dict) -> None:
+    """A folder `source` exists and holds a model in Hugging Face layout (or the model's GGUF file)."""
+    source, gguf = str(spec["source"]), spec.get("gguf_file")
+    if source == "default" or source.startswith("package:"):
+        return
+    folder = Path(source).expanduser()
+    if not folder.exists() and _looks_like_a_folder(source):
+        wanted = f"the folder that holds {gguf} or package:NAME" if gguf else \
+            "an existing folder in Hugging Face layout, a Hub id such as Qwen/Qwen2.5-1.5B-Instruct, or default"
+        raise ConfigError(f"models.{model}.source: the folder {source} does not exist; give {wanted}")
+    if folder.is_dir() and gguf and not (folder / gguf).is_file():
+        raise ConfigError(f"models.{model}.gguf_file: {gguf} is not in the folder {source}")
+    if folder.is_dir() and not gguf and not (folder / "config.json").is_file():
+        raise ConfigError(f"models.{model}.source: the folder {source} has no config.json; point it at a model "
+                          f"saved in Hugging Face layout (config.json, tokenizer, safetensors)")
+
+
 def _check_model(config: dict, model: str, spec: dict) -> None:
     """A model's tasks are configured, have the splits it uses, and some evaluation judges each."""
+    _check_source(model, spec)
     tasks = set(config["tasks"])
     for key in ("tasks", "eval_tasks"):
         unknown = [t for t in spec.get(key, []) if t not in tasks]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Self
 
@@ -46,6 +47,26 @@ class SettingsDataclass:
         return {k: v for k, v in self.to_dict().items() if k not in self.NOT_FINGERPRINTED}
 
 
+# YAML 1.1, which PyYAML (Snakemake's config reader) implements, takes a float only with a dot and, in
+# an exponent, a sign: 5.0e-4 and 1.0e+5 are numbers, 5e-4 and 1.0e5 are strings (YAML 1.2 reads both).
+_EXPONENT = re.compile(r"\s*([-+]?)(\d+)(\.\d*)?[eE]([-+]?)(\d+)\s*")
+
+
+def yaml_number_hint(value: Any) -> str:
+    """Why a config value that looks like a number is a string, and how to write it ('' otherwise)."""
+    if not isinstance(value, str):
+        return ""
+    found = _EXPONENT.fullmatch(value)
+    if found and not (found[3] and found[4]):  # with a dot and a signed exponent it was quoted
+        sign, whole, fraction, exp_sign, exponent = found.groups()
+        spelled = f"{sign}{whole}{fraction if fraction and len(fraction) > 1 else '.0'}e{exp_sign or '+'}{exponent}"
+        return (f": YAML 1.1 (Snakemake's config reader) reads {value.strip()} as a string, not a number; "
+                f"write {spelled}")
+    if found or re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)\s*", value):
+        return ": a string, not a number; write it without quotes"
+    return ""
+
+
 def is_real(value: Any) -> bool:
     """A plain or numpy real number; bool is not (YAML `yes` must not become sigma = 1)."""
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
@@ -60,7 +81,7 @@ class FieldCheck:
 
     def error(self, name: str, why: str) -> ValueError:
         value = getattr(self.settings, name)
-        return ValueError(f"{type(self.settings).__name__}.{name} {why}, got {value!r}")
+        return ValueError(f"{type(self.settings).__name__}.{name} {why}, got {value!r}{yaml_number_hint(value)}")
 
     def integer(self, name: str, low: int) -> None:
         value = getattr(self.settings, name)

@@ -3,7 +3,7 @@
 Where the numbers come from, in order (`architecture_for`):
 
 1. the model's own `config.json`, when the model is local: a folder `source`, the checkpoint this
-   pipeline built (`results/{model}/base/model`: the offline default, a converted GGUF), or a copy
+   pipeline built (`{results_dir}/{model}/base/model`: the offline default, a converted GGUF), or a copy
    in the Hugging Face cache (`hf download` on the login node puts one there);
 2. the architecture files shipped in `architectures/` (one per paper model, named
    `<org>--<name>.json`, facts copied from the model's published `config.json`, each with a
@@ -210,8 +210,9 @@ def _hf_cache_config(source: str) -> Path | None:
     return Path(found) if isinstance(found, str) else None
 
 
-def architecture_for(config: dict[str, Any], model: str, results: str | Path = "results") -> Architecture:
-    """The architecture of `model` in `config` (see the module docstring for the order)."""
+def architecture_for(config: dict[str, Any], model: str, results: str | Path) -> Architecture:
+    """The architecture of `model` in `config` (see the module docstring for the order); `results`: the
+    config's results folder, where a model built here lives."""
     spec = config["models"][model]
     source = str(spec["source"])
     built = Path(results) / model / "base" / "model" / "config.json"
@@ -229,6 +230,9 @@ def architecture_for(config: dict[str, Any], model: str, results: str | Path = "
     found = shipped(source)
     if found is not None:
         return found
+    if source.count("/") != 1 or source.startswith((".", "/", "~")):  # not a Hub id: nothing to download
+        raise PlanError(f"models.{model}: no architecture for source {source!r}: not a folder with a config.json "
+                        f"and not a Hub id (org/name); point source at a model folder in Hugging Face layout")
     raise PlanError(f"models.{model}: no architecture for source {source!r}: not a local folder with a "
                     f"config.json, not in the Hugging Face cache, and no file {shipped_file(source)}. "
                     f"Run `hf download {source} config.json` on the login node, or add an architecture file.")
