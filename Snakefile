@@ -5,6 +5,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
 from esgrpo.config import ConfigError, schema_error
+from esgrpo.grids import results_folder
 
 min_version("9.0")
 
@@ -25,6 +26,9 @@ except WorkflowError as err:
         raise
     raise ConfigError(schema_error(err.__context__)) from None
 
+# The grid's folder: every rule writes under it (rules/common.smk RESULTS; esgrpo.grids).
+config["results_dir"] = results_folder(config.get("results_dir"), workflow.overwrite_configfiles)
+
 
 include: "rules/common.smk"
 include: "rules/data.smk"
@@ -40,6 +44,7 @@ include: "rules/heldout.smk"
 
 onstart:
     check_slurm_driver()
+    write_grid_folder_record()
     start_job_server()
 
 

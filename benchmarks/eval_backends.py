@@ -1,7 +1,7 @@
 """Evaluation backends side by side: transformers (`HFEngine`) vs vLLM (`VLLMEngine`) on the same rows.
 
-    python benchmarks/eval_backends.py --model results/smollm2_135m/base/model \
-        --task results/data/sum_yesno [--limit 32] [--n 4] [--max-new-tokens 48] [--temperature 0.6]
+    python benchmarks/eval_backends.py --model results/smollm2/smollm2_135m/base/model \
+        --task results/smollm2/data/sum_yesno [--limit 32] [--n 4] [--max-new-tokens 48] [--temperature 0.6]
 
 Both engines are built by the workflow's own `make_engine` (vLLM with ``eval.engine:
 {max_num_batched_tokens: ...}``, see below) and scored by `evaluate_rows` (the evaluation stage's code), in this one process, one after the other. It prints per backend:

@@ -12,6 +12,7 @@ from esgrpo.live import ENV as LIVE_ENV
 from esgrpo.analysis.settings import analysis_config, analysis_eval_settings
 from esgrpo.evaluation import heldout
 from esgrpo.config import check_config, judged_on, model_eval_tasks, model_warmup_tasks, software_env, task_splits
+from esgrpo.grids import check_grid_folder, config_source, write_grid_record
 from esgrpo.plan import Planner, PlanSettings, plan_row, total_gpu_hours
 from esgrpo.report import planning as paper_planning
 from esgrpo.runs import (
@@ -30,7 +31,13 @@ check_config(config)
 # Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included.
 logger.info(f"Reward rules: {config['rewards']['rules']} (rewards.rules; docs/rewards.md)")
 
-RESULTS = "results"
+# The grid's folder (config `results_dir`, set by the Snakefile): every output lives under it. A folder
+# that holds another config's grid with other settings stops the parse here, before any job runs
+# (esgrpo.grids); the record is written when jobs start (onstart: write_grid_folder_record).
+RESULTS = config["results_dir"]
+GRID_SOURCE = config_source(workflow.overwrite_configfiles, workflow.config_settings.config_args,
+                            Path(workflow.basedir) / "config.yaml")
+GRID_RECORD_DUE = check_grid_folder(RESULTS, config, GRID_SOURCE)
 MODELS = list(config["models"])
 TASKS = list(config["tasks"])
 
@@ -246,7 +253,7 @@ def base_samples_batch_size(wildcards):
 
 
 # --- analyses ----------------------------------------------------------------------------------
-# Every analysis output lives under results/analysis/{model}/ and is a tidy CSV (columns: the
+# Every analysis output lives under {RESULTS}/analysis/{model}/ and is a tidy CSV (columns: the
 # ANALYSIS table in esgrpo/workflow/stages/analysis.py). theta0 is always the model's base checkpoint.
 # Analyses pairing ES with GRPO (cosine, interpolation) need both an `es` and a `grpo` block.
 
@@ -543,6 +550,12 @@ def all_targets():
 # ESGRPO_NO_JOB_SERVER=1.
 
 JOB_SERVERS = []
+
+
+def write_grid_folder_record():
+    """The grid record of RESULTS, when this config's run is the folder's first or changed its settings."""
+    if GRID_RECORD_DUE:
+        write_grid_record(RESULTS, config, GRID_SOURCE)
 
 
 def start_job_server():

@@ -1,5 +1,5 @@
 # Training: one job per (model, task, run); the run name says the method, settings and start.
-# Progress (checkpoints to resume from) lives under results/progress/, which is NOT a declared
+# Progress (checkpoints to resume from) lives under {results_dir}/progress/, which is NOT a declared
 # output: Snakemake deletes a failed job's outputs, and a killed run must keep its progress.
 
 

@@ -21,6 +21,25 @@ def pytest_configure(config):
     torch.set_num_threads(1)
 
 
+def load_script(path: str):
+    """A script of the repository (scripts/, benchmarks/) as a module, for the functions it holds."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(path).stem, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def results_of(configfile: Path) -> str:
+    """The results folder a config writes to, relative to the workdir (esgrpo.grids.results_folder)."""
+    import yaml
+
+    from esgrpo.grids import results_folder
+
+    return results_folder(yaml.safe_load(Path(configfile).read_text()).get("results_dir"), [configfile])
+
+
 def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = None, dryrun: bool = False,
                  cores: int = 2, forcerun: list[str] | None = None) -> None:
     """Run (or dry-run) the workflow in `workdir` through the Snakemake API; `forcerun` files are remade
@@ -53,10 +72,10 @@ def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = No
 
 @pytest.fixture(scope="session")
 def ci_workflow(tmp_path_factory) -> Path:
-    """The CI config run end to end once; tests read its outputs."""
+    """The CI config run end to end once; tests read its outputs (its results folder, results/ci)."""
     workdir = tmp_path_factory.mktemp("ci_workflow")
     run_workflow(workdir, REPO / "configs" / "ci.yaml")
-    return workdir / "results"
+    return workdir / results_of(REPO / "configs" / "ci.yaml")
 
 
 # The wall time of the stages CI reports (.ci/run): every phase of the tests of each marker, summed.

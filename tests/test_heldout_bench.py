@@ -11,7 +11,7 @@ import nltk
 import pandas as pd
 import pytest
 import yaml
-from conftest import REPO, run_workflow
+from conftest import REPO, results_of, run_workflow
 from test_paper_tables import CONFIG, build, make_results
 
 from esgrpo.evaluation import heldout
@@ -202,9 +202,10 @@ def test_mmlu_and_ifeval_through_the_workflow(tmp_path):
     base and the end of the continual sequence, and the a_heldout table with their rows."""
     configfile = tmp_path / "config.yaml"
     configfile.write_text(yaml.safe_dump(TINY_WORKFLOW))
-    results = tmp_path / "results"
-    targets = [str(p) for p in heldout.heldout_files(TINY_WORKFLOW, "results")]
-    run_workflow(tmp_path, configfile, [*targets, "results/tables/a_heldout.csv"])
+    folder = results_of(configfile)  # results/config: the file's name (no results_dir in it)
+    results = tmp_path / folder
+    targets = [str(p) for p in heldout.heldout_files(TINY_WORKFLOW, folder)]
+    run_workflow(tmp_path, configfile, [*targets, f"{folder}/tables/a_heldout.csv"])
     assert len(targets) == 4  # base and es-n2-s0 (stage 1 of a one-task sequence) x 2 benchmarks
     for name, n_prompts in (("mmlu", 7), ("ifeval", 4)):
         for directory in ("tiny/base", "tiny/sum_yesno/es-n2-s0"):

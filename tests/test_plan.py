@@ -279,7 +279,8 @@ def test_snakemake_plan_target_writes_the_plan_of_a_paper_config(tmp_path, name)
     from conftest import run_workflow
 
     run_workflow(tmp_path, REPO / "configs" / f"{name}.yaml", targets=["plan"], cores=1)
-    rows = list(csv.DictReader((tmp_path / "results" / "plan.csv").open()))
+    results = tmp_path / "results" / name  # the config's results_dir
+    rows = list(csv.DictReader((results / "plan.csv").open()))
     config = load(f"configs/{name}.yaml")
     from esgrpo.runs import planned_runs
 
@@ -290,9 +291,9 @@ def test_snakemake_plan_target_writes_the_plan_of_a_paper_config(tmp_path, name)
         if row["gpu_mem_gib"]:
             assert float(row["gpu_mem_gib"]) <= float(row["gpu_avail_gib"]) and row["gpu_type"] == "h200", row
         assert float(row["runtime_h"]) > 0 and int(row["mem_mb"]) > 0
-    md = (tmp_path / "results" / "plan.md").read_text()
+    md = (results / "plan.md").read_text()
     assert md.count("\n| train_run |") == len(trained) and "**total**" in md
-    assert "GPU-hours" in (tmp_path / "results" / "logs" / "plan.log").read_text()
+    assert "GPU-hours" in (results / "logs" / "plan.log").read_text()
 
 
 @pytest.mark.slow

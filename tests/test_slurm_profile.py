@@ -154,10 +154,10 @@ def flag(args: list[str], name: str) -> str | None:
     return None
 
 
-def _fake_task_data(workdir: Path, tasks: list[str]) -> None:
+def _fake_task_data(workdir: Path, results_dir: str, tasks: list[str]) -> None:
     """Outputs of prepare_task, so the GPU jobs downstream are ready at once."""
     for task in tasks:
-        folder = workdir / "results" / "data" / task
+        folder = workdir / results_dir / "data" / task
         folder.mkdir(parents=True)
         for name in ("train.jsonl", "test.jsonl"):
             (folder / name).write_text("")
@@ -168,7 +168,7 @@ def _fake_task_data(workdir: Path, tasks: list[str]) -> None:
 def test_gpu_jobs_of_paper_b_get_gpus_memory_runtime_and_partition(fake_slurm, tmp_path):
     workdir = tmp_path / "wd"
     config = yaml.safe_load((REPO / "configs" / "paper_b.yaml").read_text())
-    _fake_task_data(workdir, list(config["tasks"]))
+    _fake_task_data(workdir, config["results_dir"], list(config["tasks"]))
     # ready at once: 5 base evaluations and every run that starts from a Hub model
     calls = submit(fake_slurm, workdir, REPO / "configs" / "paper_b.yaml", wanted=30, jobs=100)
 

@@ -54,7 +54,7 @@ def test_the_dag_parse_imports_no_torch(tmp_path):
 # ES and GRPO. A module may import its own room or any lower one, never a higher one.
 LAYERS = [
     {"esgrpo", "esgrpo.io", "esgrpo.provenance", "esgrpo.settings", "esgrpo.runs", "esgrpo.checkpoint",
-     "esgrpo.metrics", "esgrpo.noise", "esgrpo.live"},
+     "esgrpo.metrics", "esgrpo.noise", "esgrpo.live", "esgrpo.grids"},
     {"esgrpo.tasks"},
     {"esgrpo.engines"},
     {"esgrpo.models"},
@@ -241,7 +241,7 @@ def test_second_stages_start_from_the_first_stage_weights(ci_workflow):
                              ("sum_yesno", "cl_es-s0-k2", "es-n4-s0"), ("sum_yesno", "cl_grpo-s0-k2", "grpo-g4-s0")):
         summary = read_json(tiny / task / run / "summary.json")
         first_dir = tiny / ("countdown3" if run.startswith("cl_") else task) / first
-        assert summary["init_model"] == str(first_dir.relative_to(ci_workflow.parent) / "model")
+        assert summary["init_model"] == str(first_dir.relative_to(ci_workflow.parents[1]) / "model")
         final = load_params(str(tiny / task / run / "model"))
         start = load_params(str(first_dir / "model"))
 
@@ -295,15 +295,16 @@ def test_an_identical_rerun_gives_byte_identical_tables(ci_workflow, tmp_path):
     import time
 
     workdir = tmp_path / "rerun"
-    shutil.copytree(ci_workflow.parent, workdir, symlinks=True)  # copy2: the same mtimes, nothing out of date
-    results = workdir / "results"
+    shutil.copytree(ci_workflow.parents[1], workdir, symlinks=True)  # copy2: the same mtimes, nothing out of date
+    folder = ci_workflow.relative_to(ci_workflow.parents[1])  # results/ci
+    results = workdir / folder
     runs = [Path("tiny/sum_yesno/es-n4-s0"), Path("tiny/sum_yesno/grpo-g4-s0")]
     for run in runs:
         shutil.rmtree(results / "progress" / run)
     tables = sorted(p.name for p in (ci_workflow / "tables").iterdir())
     started = time.time()
-    run_workflow(workdir, REPO / "configs" / "ci.yaml", targets=[f"results/tables/{name}" for name in tables],
-                 forcerun=[f"results/{run}/summary.json" for run in runs])
+    run_workflow(workdir, REPO / "configs" / "ci.yaml", targets=[f"{folder}/tables/{name}" for name in tables],
+                 forcerun=[f"{folder}/{run}/summary.json" for run in runs])
 
     def curve(results_dir: Path, run: Path) -> list[dict]:
         return [{k: v for k, v in row.items() if k not in WALL_CLOCK}

@@ -1,4 +1,4 @@
-"""Run names <-> run specifications: what a `results/{model}/{task}/{run}/` folder was trained with.
+"""Run names <-> run specifications: what a `{results_dir}/{model}/{task}/{run}/` folder was trained with.
 
 A run's name says everything that distinguishes it, so Snakemake wildcards, tables and
 people read the same thing:

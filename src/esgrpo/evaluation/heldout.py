@@ -91,8 +91,9 @@ def checkpoint_dir(results: str, model: str, task: str, run: str) -> str:
     return f"{results}/{model}/{BASE}" if run == BASE else f"{results}/{model}/{task}/{run}"
 
 
-def heldout_files(config: dict, results: str = "results", suffix: str = ".json") -> list[str]:
-    """Every job's output (``suffix`` ``.json``: the summary; ``_prompts.jsonl``: the per-prompt rows)."""
+def heldout_files(config: dict, results: str, suffix: str = ".json") -> list[str]:
+    """Every job's output under the grid's folder `results` (``suffix`` ``.json``: the summary;
+    ``_prompts.jsonl``: the per-prompt rows)."""
     return [f"{checkpoint_dir(results, model, task, run)}/heldout/{name}{suffix}"
             for model in config["models"] for task, run in heldout_checkpoints(config)
             for name in benchmark_names(config)]

@@ -44,11 +44,11 @@ class PlanSettings:
     grpo_gpus: int | None = None
     cpus_per_gpu: int = CPUS_PER_GPU
     prompt_tokens: dict[str, int] = field(default_factory=dict)
-    results: str = "results"
+    results: str = "results/default"  # the config's results_dir (esgrpo.grids): where built models live
 
     @classmethod
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> PlanSettings:
-        block = dict(config.get("plan") or {})
+        block = {"results": config.get("results_dir", cls.results), **(config.get("plan") or {})}
         block.update(overrides)
         return cls(**block)
 
@@ -59,7 +59,7 @@ class PlanSettings:
 
 class PromptTokens:
     """The prompt part of a job's max_model_len, by (model, task, split): the longest prompt of
-    `results/data/{task}/{split}.jsonl` with the model's tokenizer and chat template, in whole KV
+    `{results_dir}/data/{task}/{split}.jsonl` with the model's tokenizer and chat template, in whole KV
     blocks (`esgrpo.plan.prompts`), where both are there at parse time, and never below an explicit
     `plan.prompt_tokens`; else `PlanSettings.prompt_tokens_of` (stated constants). `sources` records
     which it was for each (model, task, split) asked, for plan.md."""
@@ -177,7 +177,7 @@ def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arch
 
 def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings: PlanSettings,
                  lengths: PromptTokens | None = None) -> JobSpec | None:
-    """The job writing analysis output `path` (results/analysis/{model}/{kind}/{task}/{name}.csv);
+    """The job writing analysis output `path` ({results_dir}/analysis/{model}/{kind}/{task}/{name}.csv);
     None for the outputs that are not a job of their own (a .json beside a .csv)."""
     from esgrpo.analysis.settings import analysis_config
 
@@ -266,7 +266,7 @@ class Planner:
         planner.plan("train_run", model, task, run)       # a JobPlan (eval_base: task = run = "base";
                                                           #   analyses: their rule, task, and run or "s{seed}")
         planner.resources("train_run", model, task, run)  # mem_mb, runtime, gpu, gpu_model, threads, cpus_per_gpu
-        planner.write("results/plan.csv", "results/plan.md")
+        planner.write("results/ci/plan.csv", "results/ci/plan.md")
     """
 
     def __init__(self, config: dict[str, Any], settings: PlanSettings | None = None,

@@ -3,7 +3,7 @@ are there when the workflow is parsed, else a stated conservative constant.
 
 A vLLM engine's max_model_len is the longest prompt plus max_new_tokens, and vLLM refuses a
 longer prompt only when the engine starts, after the job has waited for its GPU. The training and
-evaluation jobs read `results/data/{task}/{train,test}.jsonl`; once `prepare_task` has written
+evaluation jobs read `{results_dir}/data/{task}/{train,test}.jsonl`; once `prepare_task` has written
 them (docs/cluster.md: prepare the data and download the models on the login node first) and the
 model's tokenizer is local (the built default model, a local folder, or the Hugging Face cache),
 every later parse measures the longest prompt of each split with the model's chat template.
@@ -18,7 +18,7 @@ max_new_tokens is itself a multiple of 16 (vLLM allocates whole blocks anyway).
 `tests/test_plan.py` checks the count against the jobs' own tokenization
 (`esgrpo.engines.vllm_engine.prompt_token_ids`) on the tokenizers at hand. A template this
 renderer cannot compile (e.g. transformers' `{% generation %}` tag) is reported and falls back to
-the constant. Measurements are cached in `results/data/{task}/prompt_tokens.json`, keyed by the
+the constant. Measurements are cached in `{results_dir}/data/{task}/prompt_tokens.json`, keyed by the
 data files' and tokenizer files' sizes and modification times, so a parse re-reads nothing that
 did not change.
 """

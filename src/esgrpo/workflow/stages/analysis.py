@@ -1,18 +1,18 @@
 """Stages: the geometry analyses of trained checkpoints (paper A's geometry findings, paper B's 6-7).
 
 Each stage reads checkpoints in HF layout and writes one tidy CSV (plus a JSON where a
-summary needs one) under ``results/analysis/{model}/``; the pure maths lives in
+summary needs one) under ``{results_dir}/analysis/{model}/``; the pure maths lives in
 ``esgrpo.analysis`` and is only called from here.
 
-| stage                  | output (under results/analysis/{model}/)   | one row per                          |
-|------------------------|--------------------------------------------|--------------------------------------|
-| ``drift_stage``        | ``drift/{task}/{run}.csv``                 | parameter tensor                     |
-| ``theory_stage`` (*)   | ``theory/{task}/{run}.csv`` + ``.json``    | logged ES iteration                  |
-| ``cosine_stage``       | ``cosine/{task}/s{seed}.csv``              | (pair, scope, key)                   |
-| ``sparsity_stage``     | ``sparsity/{task}/{run}.csv``              | sparsified model                     |
-| ``base_samples_stage`` | ``base_samples/{evaltask}.jsonl``          | prompt (its fixed base continuations)|
-| ``kl_stage``           | ``kl/{task}/{run}.csv``                    | eval task                            |
-| ``interpolation_stage``| ``interpolation/{task}/s{seed}.csv``+json  | (path, point, eval task)             |
+| stage                  | output (under {results_dir}/analysis/{model}/) | one row per                          |
+|------------------------|------------------------------------------------|--------------------------------------|
+| ``drift_stage``        | ``drift/{task}/{run}.csv``                     | parameter tensor                     |
+| ``theory_stage`` (*)   | ``theory/{task}/{run}.csv`` + ``.json``        | logged ES iteration                  |
+| ``cosine_stage``       | ``cosine/{task}/s{seed}.csv``                  | (pair, scope, key)                   |
+| ``sparsity_stage``     | ``sparsity/{task}/{run}.csv``                  | sparsified model                     |
+| ``base_samples_stage`` | ``base_samples/{evaltask}.jsonl``              | prompt (its fixed base continuations)|
+| ``kl_stage``           | ``kl/{task}/{run}.csv``                        | eval task                            |
+| ``interpolation_stage``| ``interpolation/{task}/s{seed}.csv``+json      | (path, point, eval task)             |
 
 (*) in ``esgrpo.workflow.stages.theory``: it reads only metrics, so its jobs skip the torch import.
 Which analyses run, and their settings (the ``analysis:`` block): ``esgrpo.analysis.settings``.
