@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import run_workflow
+from conftest import load_script, run_workflow
 
 from esgrpo.config import check_config
 from esgrpo.runs import RUN_PATTERN, planned_runs, run_spec
@@ -130,18 +130,10 @@ def test_names_and_runs_fit_the_wildcards(name):
 
 
 def job_counts(workdir: Path, configfile: Path, targets: list[str]) -> tuple[dict[str, int], float]:
-    """Jobs per rule of `snakemake -n` (its 'Job stats' table) and the wall time it took."""
+    """Jobs per rule of `snakemake -n` (its 'Job stats' table; scripts/job_counts.py) and the wall time it took."""
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "snakemake", *targets, "-n", "--quiet", "rules",
-                          "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir),
-                          f"--configfile={configfile}"],
-                         cwd=REPO, capture_output=True, text=True)
-    seconds = time.perf_counter() - started
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    table = out.stdout.rsplit("Job stats:", 1)[-1]
-    counts = {m[1]: int(m[2]) for m in re.finditer(r"^(\w+)\s+(\d+)\s*$", table, re.M)}
-    counts.pop("total", None)
-    return counts, seconds
+    counts = load_script("scripts/job_counts.py").dry_run_counts(configfile, targets, workdir)
+    return counts, time.perf_counter() - started
 
 
 def paper_rules() -> dict[str, list[str]]:
