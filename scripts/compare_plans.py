@@ -2,7 +2,7 @@
 
     python scripts/compare_plans.py NAME BEFORE.csv LABEL=AFTER.csv [LABEL=AFTER.csv ...]
 
-Each plan.csv is what `snakemake --configfile=... plan` writes (results/plan.csv). Printed: GPU-hours
+Each plan.csv is what `snakemake --configfile=... plan` writes (results/<grid>/plan.csv). Printed: GPU-hours
 by rule in every file, then every job whose GPUs, GPU memory per GPU or GPU-hours differ between any
 two files; jobs of one rule and model with the same numbers everywhere share a row (their tasks and
 runs listed).
