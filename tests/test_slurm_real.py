@@ -35,11 +35,12 @@ PROFILE = REPO / "profiles" / "slurm"
 CONFIG = REPO / "tests" / "data" / "slurm_local.yaml"
 GRID_RUN, KILL_RUN, CANCEL_RUN = "es-n4-s0", "es-n8-s1", "es-n8-s2"
 ITERATIONS = 40  # tests/data/slurm_local.yaml
+GRID = "results/slurm_local"  # its results_dir
 LOCAL_CLUSTER = "esgrpo"  # scripts/slurm_local.sh's ClusterName
 
 
 def model_dir(workdir: Path, run: str) -> Path:
-    return workdir / "results" / "tiny" / "sum_yesno" / run / "model"
+    return workdir / GRID / "tiny" / "sum_yesno" / run / "model"
 
 
 def slurm_missing() -> str | None:
@@ -144,7 +145,7 @@ def minutes(limit: str) -> int:
 
 def wait_for_checkpoint(workdir: Path, run: str, driver: Driver, step: int = 2, timeout: float = 240) -> None:
     """Until the run's progress folder holds a checkpoint at `step` or later (training runs under Slurm)."""
-    progress = workdir / "results" / "progress" / "tiny" / "sum_yesno" / run
+    progress = workdir / GRID / "progress" / "tiny" / "sum_yesno" / run
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         steps = [int(p.name.split("-")[1]) for p in progress.glob("step-*")] if progress.exists() else []
@@ -178,7 +179,7 @@ def same_metrics(a: Path, b: Path) -> None:
 
 
 def attempts_in_log(workdir: Path, run: str) -> str:
-    return (workdir / "results" / "logs" / "tiny" / "sum_yesno" / run / "train.log").read_text()
+    return (workdir / GRID / "logs" / "tiny" / "sum_yesno" / run / "train.log").read_text()
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +188,7 @@ def workdir(tmp_path_factory) -> Path:
 
 
 def test_grid_runs_to_completion_with_each_jobs_sizes_on_slurm(slurm_env, workdir):
-    targets = [str(model_dir(Path("."), GRID_RUN)), "results/tiny/base/eval.json"]
+    targets = [str(model_dir(Path("."), GRID_RUN)), f"{GRID}/tiny/base/eval.json"]
     driver = Driver(workdir, slurm_env, targets, "grid")
     assert driver.wait(480) == 0, driver.tail()
     jobs = driver.submitted()
@@ -215,7 +216,7 @@ class Reference:
 
     def __init__(self, workdir: Path, ref: Path):
         self.workdir = ref
-        for part in ("results/data", "results/tiny/base", ".snakemake/metadata"):
+        for part in (f"{GRID}/data", f"{GRID}/tiny/base", ".snakemake/metadata"):
             shutil.copytree(workdir / part, ref / part)
         cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--cores", "1",
                "--directory", str(ref), f"--configfile={CONFIG}",

@@ -6,7 +6,7 @@ metrics row (the row `metrics.jsonl` gets, `esgrpo.es.loop` / `esgrpo.grpo.train
 which writes the same tags for either method, so one TensorBoard over the grid's logdir draws ES and
 GRPO curves on the same charts:
 
-    tensorboard --logdir results/tensorboard          # runs: {model}/{task}/{run}
+    tensorboard --logdir results/default/tensorboard  # runs: {model}/{task}/{run}
 
 Nothing here feeds back into training: the writers only read the rows (no RNG, no model access), so
 tables and weights are the same with logging on or off.

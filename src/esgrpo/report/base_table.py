@@ -1,5 +1,5 @@
 """The base model's table and figure: greedy accuracy, mean@n, Maj@n and Pass@k per task, read
-from the evaluation summaries (``results/{model}/base/eval.json``)."""
+from the evaluation summaries (``{results_dir}/{model}/base/eval.json``)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ non-inferiority tests ("not worse by more than margin"); ``~=0`` is an equivalen
 ``CLAIMS`` (read from ``claims.yaml`` next to this file) is every checkable finding of the two
 papers: the list of questions and the tolerance each one is asked with, nothing measured. The
 estimates and their 95% bootstrap CIs come from :mod:`esgrpo.report.claim_estimates`, which also
-writes ``results/tables/claims.*``.
+writes ``{results_dir}/tables/claims.*``.
 
 ``{k}``, ``{k1}`` and ``{k2}`` in a statement or metric are filled with the Pass@k values the
 evaluation actually has (paper B uses 16 and 32; a CI config with n = 8 uses 4 and 8).

@@ -1,7 +1,7 @@
 """Tidy files -> the frames the paper stages read.
 
 Per-prompt evaluations (``eval_prompts.jsonl``), training curves (``metrics.jsonl``) and the
-model analyses under ``results/analysis/{model}/``; every row gets its run's seed, kind, method and
+model analyses under ``{results_dir}/analysis/{model}/``; every row gets its run's seed, kind, method and
 variant (the run name without its seed) from :mod:`esgrpo.runs`' grammar.
 """
 

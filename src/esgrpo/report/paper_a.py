@@ -48,7 +48,7 @@ CAPTIONS = {
                   "method, greedy accuracy and mean@n with 95% CIs (seeds x prompts; the change paired per prompt). "
                   "held_out = the task is not in the sequence (paper A: MMLU, IFEval). lm-eval rows: the benchmark's "
                   "headline metric through lm-evaluation-harness, one value per prompt (MMLU acc; IFEval "
-                  "prompt-level strict accuracy; results/*/heldout/*.json has every metric). At toy scale, when every "
+                  "prompt-level strict accuracy; <grid folder>/*/heldout/*.json has every metric). At toy scale, when every "
                   "task is in the sequence, no task is held out and each row reports a trained task before and "
                   "after the whole sequence."),
     "a_geometry": ("Paper A: update geometry. cosine(dES, dGRPO) over all parameters (and mean |cos| per "
@@ -176,7 +176,7 @@ def table_a_update_norms(data: StageInputs, output: dict) -> None:
     long = build_a_update_norms(data)
     notes = absent_notes(data.setup, continual=True) + paper_notes(data.setup, "a_update_norms", long, "quantity")
     write_long_table(output, caption, long,
-                     "no parameter-drift analyses (results/analysis/*/drift) for this config's runs",
+                     "no parameter-drift analyses (<grid folder>/analysis/*/drift) for this config's runs",
                      ["setting", "model", "stage", "quantity"], order=RATIO_ORDER, notes=notes)
 
 
@@ -280,5 +280,5 @@ def build_a_geometry(data: StageInputs) -> pd.DataFrame:
 def table_a_geometry(data: StageInputs, output: dict) -> None:
     caption = CAPTIONS["a_geometry"]
     write_long_table(output, caption, build_a_geometry(data), "no cosine / interpolation / KL analyses for this "
-                     "config (they need both ES and GRPO runs and results/analysis)",
+                     "config (they need both ES and GRPO runs and the analyses under the grid folder)",
                      ["model", "task", "quantity", "pair"], order=[PAIRWISE, "ES", "GRPO"], notes=absent_notes(data.setup))
