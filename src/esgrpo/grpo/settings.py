@@ -91,7 +91,8 @@ class GRPOSettings(SettingsDataclass):
                 "is prompts_per_step * num_generations / (num_processes * this). The completions are still "
                 "generated together and the step is the same (TRL's generation batch = one optimiser step)."})
     use_vllm: bool = field(default=False, metadata={
-        "help": "Generate with vLLM inside the training process (TRL's vllm_mode='colocate'); GPU only."})
+        "help": "Generate with vLLM inside the training process (TRL's vllm_mode='colocate'); a GPU, or vLLM's "
+                "CPU build (esgrpo.grpo.trainer._colocated_engine_on_cpu)."})
     bf16: bool | None = field(default=None, metadata={
         "help": "bf16 mixed precision (autocast) over fp32 weights and AdamW state; None: on with a GPU, off on "
                 "a CPU. vLLM then runs bf16 too."})

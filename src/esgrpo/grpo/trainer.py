@@ -28,6 +28,7 @@ ZeRO-3 or FSDP); rank 0 writes every file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -42,6 +43,7 @@ import numpy as np
 import torch
 
 from esgrpo.checkpoint import ProgressFolder, fingerprint
+from esgrpo.engines.vllm_engine import on_vllm_cpu, size_cpu_kv_cache
 from esgrpo.grpo.distributed import host_copy, load_policy, main_first, norm_to, rank, save_policy, world_size
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.io import read_jsonl, write_json, write_jsonl
@@ -50,6 +52,7 @@ from esgrpo.tasks.rewards import DEFAULT_RULES, SCHEMES, VERIFIERS, check_rules,
 
 __all__ = [
     "ES_SHARED_KEYS",
+    "grpo_trainer",
     "make_reward_function",
     "prompt_order",
     "rows_to_dataset",
@@ -364,7 +367,7 @@ def grpo_config_kwargs(settings: GRPOSettings, progress_dir: Path, cuda: bool,
     gradient_accumulation_steps (steps_per_generation defaults to the accumulation), and it generates
     that batch once per optimiser step; so the micro-batch is the step's completions / (processes x
     accumulation) and every step still samples prompts_per_step x num_generations completions.
-    max_model_len: the colocated vLLM engine's context (prompt + completion; see `_train`).
+    max_model_len: the colocated vLLM engine's context (prompt + completion; see `grpo_trainer`).
     """
     s = settings
     bf16 = cuda if s.bf16 is None else s.bf16
@@ -468,6 +471,37 @@ def _current_checkpointing_name(model: torch.nn.Module) -> None:
                                                   "_esgrpo_current_name": True, "__module__": cls.__module__})
 
 
+@contextlib.contextmanager
+def _colocated_engine_on_cpu(active: bool):
+    """While TRL builds its colocated engine on vLLM's CPU build (`active`): a KV cache of its own size
+    (`size_cpu_kv_cache`), and linear layers that keep their weights, so that TRL's weight sync works.
+
+    vLLM's CPU backend packs each linear layer's weight for oneDNN after loading and leaves an empty
+    `weight` Parameter without its `weight_loader` (dispatch_cpu_unquantized_gemm in
+    vllm/model_executor/layers/utils.py, vLLM 0.31); TRL's colocated sync (`model.load_weights` in
+    trl/generation/vllm_generation.py) then fails with "'Parameter' object has no attribute
+    'weight_loader'" at the first generation (TRL's server mode is no way out: its weight sync needs
+    CUDA's NCCL, `VLLMClient.init_communicator`). vLLM's own `_cpu_skip_gemm_dispatch` switch (set for
+    MLA's kv_b_proj) keeps the weight and computes F.linear on it: set on every linear layer while the
+    engine, which runs in this process (TRL's "external_launcher"), is built.
+    """
+    if not active:
+        yield
+        return
+    from vllm.model_executor.layers.linear import LinearBase
+
+    size_cpu_kv_cache()
+    before = LinearBase.__dict__.get("_cpu_skip_gemm_dispatch")
+    LinearBase._cpu_skip_gemm_dispatch = True
+    try:
+        yield
+    finally:
+        if before is None:
+            del LinearBase._cpu_skip_gemm_dispatch
+        else:
+            LinearBase._cpu_skip_gemm_dispatch = before
+
+
 def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifier: str,
                settings: GRPOSettings | Mapping[str, Any], out_dir: str | os.PathLike,
                progress_dir: str | os.PathLike, log: Callable[[str], Any] = print,
@@ -488,8 +522,11 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
         raise ValueError("no training rows")
     rows = list(rows)
     cuda = torch.cuda.is_available()
-    if (settings.use_vllm or settings.bf16) and not cuda:
-        raise ValueError("GRPOSettings.use_vllm and .bf16 need a CUDA GPU; set them to false on CPU")
+    if settings.bf16 and not cuda:
+        raise ValueError("GRPOSettings.bf16 needs a CUDA GPU; set it to false on CPU")
+    if settings.use_vllm and not cuda and not on_vllm_cpu():
+        raise ValueError("GRPOSettings.use_vllm needs a CUDA GPU or vLLM's CPU build (`make vllm-env`); "
+                         "set it to false here")
     if settings.num_processes != world_size():
         raise ValueError(f"GRPOSettings.num_processes is {settings.num_processes} but {world_size()} process(es) "
                          f"run: launch it with esgrpo.grpo.launch.launch_grpo")
@@ -499,12 +536,33 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
         return _train(model_dir_or_ref, rows, verifier, settings, out_dir, progress, cuda, log, live)
 
 
-def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, settings: GRPOSettings,
-           out_dir: Path, progress: ProgressFolder, cuda: bool, log: Callable[[str], Any],
-           live: LiveSettings | None = None) -> dict[str, Any]:
+def grpo_trainer(model: torch.nn.Module, tokenizer: Any, train_rows: list[Row], verifier: str,
+                 settings: GRPOSettings, output_dir: Path, cuda: bool, callbacks: Sequence[Any] = ()) -> Any:
+    """TRL's GRPOTrainer over the rows in training order (`prompt_order`), with its colocated vLLM engine
+    when `settings.use_vllm` (on vLLM's CPU build through `_colocated_engine_on_cpu`)."""
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOTrainer
 
+    max_model_len = _vllm_max_model_len(settings, tokenizer, train_rows) if settings.use_vllm else None
+    with _colocated_engine_on_cpu(settings.use_vllm and not cuda):
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[make_reward_function(verifier, settings.reward_scheme, settings.format_bonus,
+                                              settings.reward_rules)],
+            args=_grpo_config(settings, output_dir, cuda, max_model_len),
+            train_dataset=rows_to_dataset(train_rows),
+            processing_class=tokenizer,  # without it TRL would look for a tokenizer on the Hub
+            callbacks=list(callbacks),
+        )
+    if settings.use_vllm:
+        _check_vllm_dtype(trainer, settings)
+    trainer.remove_callback(PrinterCallback)  # it prints every raw log dict; the callback logs a line instead
+    return trainer
+
+
+def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, settings: GRPOSettings,
+           out_dir: Path, progress: ProgressFolder, cuda: bool, log: Callable[[str], Any],
+           live: LiveSettings | None = None) -> dict[str, Any]:
     main = rank() == 0
     order = prompt_order(len(rows), settings.steps, settings.prompts_per_step, settings.seed)
     model, tokenizer = load_policy(model_dir_or_ref, settings, cuda)
@@ -523,22 +581,10 @@ def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, 
     del theta0
 
     train_rows = [rows[i] for i in order]
-    max_model_len = _vllm_max_model_len(settings, tokenizer, train_rows) if settings.use_vllm else None
     metrics_paths = [progress.path / "metrics.jsonl", out_dir / "metrics.jsonl"]
     curves = LiveLog(live if main else None, resume[0] if resume is not None else 0, log)
     callback = _callback_class()(model, settings, rows_so_far, metrics_paths, log, main, curves)
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=[make_reward_function(verifier, settings.reward_scheme, settings.format_bonus,
-                                          settings.reward_rules)],
-        args=_grpo_config(settings, progress.path, cuda, max_model_len),
-        train_dataset=rows_to_dataset(train_rows),
-        processing_class=tokenizer,  # without it TRL would look for a tokenizer on the Hub
-        callbacks=[callback],
-    )
-    if settings.use_vllm:
-        _check_vllm_dtype(trainer, settings)
-    trainer.remove_callback(PrinterCallback)  # it prints every raw log dict; the callback logs a line instead
+    trainer = grpo_trainer(model, tokenizer, train_rows, verifier, settings, progress.path, cuda, [callback])
     with curves:
         trainer.train(resume_from_checkpoint=str(resume[1]) if resume is not None else None)
     return _finish(trainer, callback, tokenizer, use_cache, settings, out_dir, resume, main)

@@ -90,6 +90,9 @@ def warm_up(model, tokenizer, train_rows: dict[str, list[dict]], verifiers: dict
     dev = {task: rows[:cfg.dev_size] for task, rows in train_rows.items()}
     examples = [ex for rows in train_rows.values()
                 for ex in build_examples(tokenizer, rows, cfg.wrong_format_fraction, rng)]
+    if len(examples) < cfg.batch_size:  # no batch would ever fill: the loop below would never step
+        raise ValueError(f"default_model.warmup.batch_size={cfg.batch_size} is more than the {len(examples)} "
+                         f"warm-up examples (the tasks' training rows): lower it or raise train_size")
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     generator = torch.Generator().manual_seed(cfg.seed)
     history, started, reason = [], time.time(), "steps_max"
