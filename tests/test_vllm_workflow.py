@@ -90,6 +90,7 @@ def test_es_runs_on_two_vllm_engines_from_the_plan_and_exports_for_transformers(
     assert summary["engines"] == 2 and summary["updates"] >= 1
     metrics = read_jsonl(workdir / ES_RUN / "metrics.jsonl")
     assert [m["iteration"] for m in metrics] == [1, 2, 3]
+    assert metrics[1]["updates"] >= 1  # an update before the checkpoint the kill test resumes from
     assert all(m["entropy_estimator"] == "top20_lumped_lower_bound" and m["rollouts"] > 0 for m in metrics)
     # the export: a transformers model whose distance from the base is the one the engines measured
     trained = AutoModelForCausalLM.from_pretrained(workdir / ES_RUN / "model", dtype="auto")
@@ -98,8 +99,6 @@ def test_es_runs_on_two_vllm_engines_from_the_plan_and_exports_for_transformers(
     state = trained.state_dict()
     distance = sum(float((state[n].double() - base[n].double()).pow(2).sum()) for n in base) ** 0.5
     assert distance == pytest.approx(summary["distance_from_init"], rel=1e-5) and distance > 0
-    log = (workdir / "results/logs/tiny/sum_yesno/es-n4-s0/train.log").read_text()
-    assert "VLLM_CPU_OMP_THREADS_BIND" in log or "CUDA" in log
 
 
 def _stage_process(workdir: Path, run: str, out: Path, progress: Path, log: Path) -> subprocess.Popen:
@@ -121,12 +120,12 @@ def _pids_of_group(group: int) -> list[int]:
 
 
 def test_es_on_vllm_resumed_after_kill_9_ends_on_the_uninterrupted_runs_weights(workdir, tmp_path):
-    """kill -9 of the whole job (driver, Ray, both engines) after its first checkpoint; the rerun resumes
-    there and exports the very bytes of the workflow's uninterrupted run."""
+    """kill -9 of the whole job (driver, Ray, both engines) once it checkpointed iteration 2 of 3 (after an
+    update); the rerun resumes there and exports the very bytes of the workflow's uninterrupted run."""
     out, progress = tmp_path / "run", tmp_path / "progress"
     job = _stage_process(workdir, ES_RUN, out, progress, tmp_path / "killed.log")
     deadline = time.time() + 300
-    while not list(progress.glob("step-*/state.json")) and job.poll() is None and time.time() < deadline:
+    while not (progress / "step-00000002" / "state.json").exists() and job.poll() is None and time.time() < deadline:
         time.sleep(0.5)
     assert job.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
     os.killpg(job.pid, signal.SIGKILL)
@@ -140,7 +139,7 @@ def test_es_on_vllm_resumed_after_kill_9_ends_on_the_uninterrupted_runs_weights(
     rerun = _stage_process(workdir, ES_RUN, out, progress, tmp_path / "resumed.log")
     assert rerun.wait(timeout=600) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
     summary = read_json(out / "summary.json")
-    assert summary["resumed_from"] in (1, 2)
+    assert summary["resumed_from"] == 2
     assert "es: resuming after iteration" in (tmp_path / "resumed.log").read_text()
     reference = workdir / ES_RUN / "model" / "model.safetensors"
     assert (out / "model" / "model.safetensors").read_bytes() == reference.read_bytes()
@@ -202,13 +201,27 @@ def test_lm_eval_vllm_model_on_the_local_mmlu_and_ifeval_copies(workdir):
     assert summary["metrics"]["acc"] == pytest.approx(mmlu["metrics"]["acc"])
 
 
-# --------------------------------------------------------------------------- TRL's weight sync (last: its engine
-# runs inside this process, with torch.distributed set up by TRL)
+# --------------------------------------------------------------------------- TRL's weight sync
 
 
 def test_colocated_engine_follows_the_policy_after_trls_weight_sync(workdir, tmp_path):
-    """TRL's colocated engine generates from the policy's weights: after `sync_weights` every fused tensor
-    vLLM computes with is the policy's (in vLLM's dtype), and greedy completions change with them."""
+    """TRL's colocated engine generates from the policy's weights (`check_colocated_sync`), in a process of
+    its own: TRL builds the engine inside the training process (torch.distributed, RANK), and vLLM's worker
+    start-up walks every module that process imported (this one's Snakemake storage proxy breaks that walk:
+    "'StorageProviderProxy' object has no attribute 'get'")."""
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_vllm_workflow; "
+            "test_vllm_workflow.check_colocated_sync(*sys.argv[1:])")
+    done = subprocess.run([sys.executable, "-c", code, str(workdir), str(tmp_path)], capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    assert "colocated engine follows the policy" in done.stdout
+
+
+def check_colocated_sync(workdir: str, out: str) -> None:
+    """After TRL's `sync_weights` every fused tensor the colocated engine computes with is the policy's (in
+    vLLM's dtype; vLLM pads the vocabulary), and greedy completions change with them."""
+    from vllm import SamplingParams
+
     from esgrpo.engines.vllm_engine import prompt_token_ids
     from esgrpo.engines.vllm_layout import fuse_state_dict
     from esgrpo.grpo.settings import GRPOSettings
@@ -216,14 +229,12 @@ def test_colocated_engine_follows_the_policy_after_trls_weight_sync(workdir, tmp
     from esgrpo.models.loading import load_model
     from esgrpo.workflow.stages.data import load_rows
 
-    rows = load_rows(workdir / "results/data/sum_yesno/train.jsonl")[:4]
-    model, tokenizer = load_model(str(workdir / MODEL), dtype="float32")
+    rows = load_rows(Path(workdir) / "results/data/sum_yesno/train.jsonl")[:4]
+    model, tokenizer = load_model(str(Path(workdir) / MODEL), dtype="float32")
     settings = GRPOSettings(**{**CONFIG["grpo"]["settings"], "num_generations": 4, "seed": 0})
-    trainer = grpo_trainer(model, tokenizer, rows, "yesno", settings, tmp_path, torch.cuda.is_available())
+    trainer = grpo_trainer(model, tokenizer, rows, "yesno", settings, Path(out), torch.cuda.is_available())
     generation = trainer.vllm_generation
     engine = generation.llm.llm_engine.model_executor.driver_worker.model_runner.model
-    from vllm import SamplingParams
-
     prompts = [{"prompt_token_ids": ids} for ids in prompt_token_ids(tokenizer, rows)]
 
     def greedy():
@@ -239,7 +250,7 @@ def test_colocated_engine_follows_the_policy_after_trls_weight_sync(workdir, tmp
     live = dict(engine.named_parameters())
     expected = fuse_state_dict({n: p.detach() for n, p in model.named_parameters()}, model.config)
     for name, value in expected.items():
-        held = live[name]
-        rows_held = held[:value.shape[0]] if held.shape != value.shape else held  # vLLM pads the vocabulary
-        assert torch.equal(rows_held, value.to(held.dtype)), name
+        held = live[name][:value.shape[0]]  # vLLM pads the vocabulary rows
+        assert held.shape == value.shape and torch.equal(held, value.to(held.dtype)), name
     assert greedy() != before
+    print(f"colocated engine follows the policy: {len(expected)} tensors equal after sync ({held.dtype})")
