@@ -406,6 +406,17 @@ def test_micro_batches_keep_the_step_and_its_update(model_dir, tmp_path):
     assert b[0]["update_norm"] > 0 and b[0]["update_norm"] == pytest.approx(a[0]["update_norm"], rel=1e-4)
 
 
+def test_use_vllm_needs_a_gpu_or_vllms_cpu_build(tmp_path, monkeypatch):
+    from esgrpo.grpo import trainer
+
+    monkeypatch.setattr(trainer.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(trainer, "on_vllm_cpu", lambda: False)
+    with pytest.raises(ValueError, match="use_vllm needs a CUDA GPU or vLLM's CPU build"):
+        train_grpo("unused", [{"id": "a"}], "math", small_settings(use_vllm=True), tmp_path / "o", tmp_path / "p")
+    with pytest.raises(ValueError, match="bf16 needs a CUDA GPU"):
+        train_grpo("unused", [{"id": "a"}], "math", small_settings(bf16=True), tmp_path / "o", tmp_path / "p")
+
+
 def test_a_single_process_refuses_a_multi_process_setting(tmp_path):
     with pytest.raises(ValueError, match="num_processes is 2 but 1 process"):
         train_grpo(tmp_path / "no-model-needed", yesno_rows(), "yesno", small_settings(num_processes=2),

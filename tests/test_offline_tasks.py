@@ -150,3 +150,7 @@ def test_warm_up_applies_max_accuracy_to_trained_tasks_only(monkeypatch):
     trained_only = warmup.warm_up(build_tiny_llama(tokenizer, spec, 0), tokenizer, rows, verifiers, cfg,
                                   log=lambda c: None, headroom_tasks=["trained"])
     assert (trained_only["steps"], trained_only["stopped_because"]) == (4, "steps_max")
+    # a batch larger than the 32 examples never fills: an error, not a loop that never steps
+    with pytest.raises(ValueError, match="batch_size=33 is more than the 32 warm-up examples"):
+        warmup.warm_up(build_tiny_llama(tokenizer, spec, 0), tokenizer, rows, verifiers,
+                       warmup.WarmupConfig(steps_max=4, batch_size=33), log=lambda c: None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import types
@@ -579,6 +580,21 @@ def test_pool_launch_starts_its_own_ray_and_keeps_one_host_copy_of_theta0(tmp_pa
                           _reward, tmp_path / "run", tmp_path / "p", log=lambda s: None)
     assert summary["engines"] == 3 and summary["distance_from_init"] == pool.rpc_one("es_distance_from_init")
 
+
+
+def test_cpu_kv_cache_is_set_on_vllms_cpu_build_only_and_never_over_the_users(monkeypatch):
+    from esgrpo.engines import vllm_engine
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setattr(vllm_engine, "on_vllm_cpu", lambda: False)
+    vllm_engine.size_cpu_kv_cache()
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # a GPU: vLLM's gpu_memory_utilization applies
+    monkeypatch.setattr(vllm_engine, "on_vllm_cpu", lambda: True)
+    vllm_engine.size_cpu_kv_cache()
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == str(vllm_engine.CPU_KV_CACHE_GIB)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    vllm_engine.size_cpu_kv_cache()
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
 
 
 def test_pool_launch_on_vllms_cpu_build_splits_the_jobs_cores_and_refuses_what_ray_cannot_place(monkeypatch):
