@@ -24,12 +24,13 @@ from esgrpo.io import read_json, read_jsonl
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 DATA = REPO / "tests" / "data" / "lm_eval"
-MODEL = "results/tiny/base/model"
-ES_RUN, GRPO_RUN = "results/tiny/sum_yesno/es-n4-s0", "results/tiny/sum_yesno/grpo-g4-s0"
+MODEL = "results/vllm/tiny/base/model"
+ES_RUN, GRPO_RUN = "results/vllm/tiny/sum_yesno/es-n4-s0", "results/vllm/tiny/sum_yesno/grpo-g4-s0"
 IFEVAL_METRICS = ["prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc",
                   "inst_level_loose_acc"]
 # The default model with head_dim 32 (hidden 64 / 2 heads): the smallest head vLLM's CPU attention takes.
 CONFIG = {
+    "results_dir": "results/vllm",
     "seed": 0,
     "tasks": {"sum_yesno": {"train_size": 24, "test_size": 6}},
     "models": {"tiny": {"source": "default", "tasks": ["sum_yesno"]}},
@@ -53,8 +54,8 @@ CONFIG = {
         "ifeval": {"tasks": ["ifeval"], "metrics": IFEVAL_METRICS, "apply_chat_template": True,
                    "gen_kwargs": {"max_gen_toks": 16}, "dataset_path": str(DATA / "ifeval")}}},
 }
-TARGETS = ["results/tiny/base/eval.json", f"{ES_RUN}/eval.json", f"{GRPO_RUN}/eval.json",
-           "results/tiny/base/heldout/mmlu.json", "results/tiny/base/heldout/ifeval.json"]
+TARGETS = ["results/vllm/tiny/base/eval.json", f"{ES_RUN}/eval.json", f"{GRPO_RUN}/eval.json",
+           "results/vllm/tiny/base/heldout/mmlu.json", "results/vllm/tiny/base/heldout/ifeval.json"]
 
 
 @pytest.fixture(scope="module")
@@ -104,8 +105,8 @@ def test_es_runs_on_two_vllm_engines_from_the_plan_and_exports_for_transformers(
 def _stage_process(workdir: Path, run: str, out: Path, progress: Path, log: Path) -> subprocess.Popen:
     """train_run of `run` with the workflow's own params in a process group of its own (as a SLURM job's)."""
     params = {**_params(workdir, run), "progress_dir": str(progress)}
-    call = {"input": {"train": str(workdir / "results/data/sum_yesno/train.jsonl"),
-                      "info": str(workdir / "results/data/sum_yesno/info.json")},
+    call = {"input": {"train": str(workdir / "results/vllm/data/sum_yesno/train.jsonl"),
+                      "info": str(workdir / "results/vllm/data/sum_yesno/info.json")},
             "output": {"summary": str(out / "summary.json")}, "params": params,
             "wildcards": {"model": "tiny", "task": "sum_yesno", "run": Path(run).name}, "threads": 1}
     code = ("import json, sys; from esgrpo.workflow.stages.training import train_run; "
@@ -159,13 +160,13 @@ def test_evaluation_on_vllm_grades_greedy_decoding_as_transformers_does(workdir)
     from esgrpo.workflow.stages.data import load_rows
     from esgrpo.workflow.stages.evaluation import make_engine
 
-    for folder in ("results/tiny/base", ES_RUN, GRPO_RUN):
+    for folder in ("results/vllm/tiny/base", ES_RUN, GRPO_RUN):
         (evaluation,) = read_json(workdir / folder / "eval.json")["evaluations"]
         assert evaluation["entropy_estimator"] == "sampled_nll" and 0 <= evaluation["pass@2"] <= 1
-    rows = load_rows(workdir / "results/data/sum_yesno/test.jsonl", 6)
+    rows = load_rows(workdir / "results/vllm/data/sum_yesno/test.jsonl", 6)
     hf = make_engine(str(workdir / MODEL), {"backend": "hf", "dtype": "float32"}, rows, 24)
     _, reference = evaluate_rows(hf, rows, "yesno", EvalSettings(n_samples=1, ks=[1], max_new_tokens=24))
-    on_vllm = read_jsonl(workdir / "results/tiny/base/eval_prompts.jsonl")
+    on_vllm = read_jsonl(workdir / "results/vllm/tiny/base/eval_prompts.jsonl")
     assert [r["id"] for r in on_vllm] == [r["id"] for r in reference]
     assert [r["greedy_correct"] for r in on_vllm] == [r["greedy_correct"] for r in reference]
 
@@ -180,7 +181,7 @@ def test_grpo_trains_with_trls_colocated_vllm(workdir):
     assert [m["iteration"] for m in metrics] == [1, 2] and all(m["rollouts"] > 0 for m in metrics)
     summary = read_json(workdir / GRPO_RUN / "summary.json")
     assert summary["distance_from_init"] > 0  # some group's rewards differed: the policy moved
-    assert "grpo step 2/2" in (workdir / "results/logs/tiny/sum_yesno/grpo-g4-s0/train.log").read_text()
+    assert "grpo step 2/2" in (workdir / "results/vllm/logs/tiny/sum_yesno/grpo-g4-s0/train.log").read_text()
 
 
 # --------------------------------------------------------------------------- lm-eval's vllm model
@@ -191,12 +192,12 @@ def test_lm_eval_vllm_model_on_the_local_mmlu_and_ifeval_copies(workdir):
     model on the same fp32 checkpoint (both pick the highest log-likelihood)."""
     from esgrpo.evaluation import heldout
 
-    mmlu = read_json(workdir / "results/tiny/base/heldout/mmlu.json")
-    ifeval = read_json(workdir / "results/tiny/base/heldout/ifeval.json")
+    mmlu = read_json(workdir / "results/vllm/tiny/base/heldout/mmlu.json")
+    ifeval = read_json(workdir / "results/vllm/tiny/base/heldout/ifeval.json")
     assert mmlu["settings"]["backend"] == ifeval["settings"]["backend"] == "vllm"
     assert (mmlu["n_prompts"], ifeval["n_prompts"]) == (7, 4) and set(ifeval["metrics"]) == set(IFEVAL_METRICS)
     assert mmlu["n_shot"]["mmlu_astronomy"] == 1
-    rows = read_jsonl(workdir / "results/tiny/base/heldout/mmlu_prompts.jsonl")
+    rows = read_jsonl(workdir / "results/vllm/tiny/base/heldout/mmlu_prompts.jsonl")
     settings = {**mmlu["settings"], "backend": "hf", "device": "cpu", "batch_size": 1}
     summary, reference = heldout.summarise(heldout.run_lm_eval(str(workdir / MODEL), settings, 0), settings)
     assert [r["id"] for r in rows] == [r["id"] for r in reference]
@@ -232,7 +233,7 @@ def check_colocated_sync(workdir: str, out: str) -> None:
     from esgrpo.models.loading import load_model
     from esgrpo.workflow.stages.data import load_rows
 
-    rows = load_rows(Path(workdir) / "results/data/sum_yesno/train.jsonl")[:4]
+    rows = load_rows(Path(workdir) / "results/vllm/data/sum_yesno/train.jsonl")[:4]
     model, tokenizer = load_model(str(Path(workdir) / MODEL), dtype="float32")
     settings = GRPOSettings(**{**CONFIG["grpo"]["settings"], "num_generations": 4, "seed": 0})
     trainer = grpo_trainer(model, tokenizer, rows, "yesno", settings, Path(out), torch.cuda.is_available())
