@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -62,7 +63,7 @@ def tiny_llama(hidden: int = 16, layers: int = 1, vocab: int = 32, seed: int = 0
 
 def members_of(population):
     """[(name -> member tensor)] for a stacked dict or a sequential iterator alike."""
-    if isinstance(population, dict):
+    if isinstance(population, Mapping):  # stacked: a dict or the lazy esgrpo.noise.Population
         n = next(iter(population.values())).shape[0]
         return [{k: v[i] for k, v in population.items()} for i in range(n)]
     return list(population)
@@ -184,9 +185,18 @@ def test_weights_second_moment_per_option(n):
     np.testing.assert_array_equal(normalize_fitness(np.zeros(4), "none", unit_rms=True), np.zeros(4))
 
 
-def _update_norm(n: int, weights: np.ndarray, alpha: float, d: int, noise_of=tensor_noise) -> float:
+def _update_norm(n: int, weights: np.ndarray, alpha: float, d: int, noise_of=None) -> float:
+    """||step|| of one update of a d-vector; noise_of(seed, name, shape, device) replaces the noise if given."""
     theta = {"w": torch.zeros(d)}
-    return apply_update(theta, member_seeds(5, 0, n, antithetic=False), weights, alpha, noise_of)
+
+    def step_of(coefficients, name, shape, device):
+        total = torch.zeros(tuple(shape))
+        for seed, c in coefficients.items():
+            total.add_(noise_of(seed, name, shape, device), alpha=c)
+        return total
+
+    return apply_update(theta, member_seeds(5, 0, n, antithetic=False), weights, alpha,
+                        step_of=None if noise_of is None else step_of)
 
 
 def test_update_norm_ratio_between_normalisations_at_same_alpha():

@@ -1,17 +1,33 @@
-"""The ES noise: one member's standard-normal fp32 noise for one tensor, a pure function of (member seed,
-tensor name).
+"""The ES noise: one member's fp32 noise for one tensor, a pure function of (member seed, tensor name),
+full-rank or low-rank; and `Population`, the members theta + sign_n * sigma * eps_n of one iteration.
 
 Shared by the ES weight math (`esgrpo.es.ops`) and the engines that perturb weights in their own
-layout (`esgrpo.engines.vllm_layout` builds a fused vLLM tensor's noise from its HF parts), so it lives
-below both: torch and hashlib only.
+layout (`esgrpo.engines.vllm_layout` builds a fused vLLM tensor's noise from its HF parts; the
+population engine `esgrpo.engines.population` builds members from a `Population` in its layout), so
+it lives below both: torch and hashlib only.
+
+Full rank: eps is standard normal of the tensor's shape (`tensor_noise`).
+Low rank (EGGROLL, Sarkar et al., "Evolution Strategies at the Hyperscale", arXiv 2511.16652): a 2-D
+tensor [m, n] gets eps = A B^T / sqrt(r), A [m, r] and B [n, r] the first m and last n rows of one
+standard-normal draw [m + n, r] from the same (member seed, name) generator. Each entry of eps has
+mean 0 and variance 1 (a sum of r products of independent unit normals, over sqrt(r)), so
+E ||eps||_F^2 = m n as for full-rank noise and the norm theory alpha sqrt(T d / N) carries over.
+Tensors of any other dimension (norm weights, biases) keep full-rank noise.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
 import torch
+from torch import Tensor
+
+__all__ = ["FULL", "MASK63", "Noise", "Population", "lowrank_factors", "mix_seeds", "stable_name_hash",
+           "tensor_noise"]
 
 MASK63 = (1 << 63) - 1
 
@@ -27,14 +43,165 @@ def mix_seeds(*values: int) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & MASK63
 
 
+def _generator(member_seed: int, name: str, device: torch.device | str) -> torch.Generator:
+    gen = torch.Generator(device=device)
+    gen.manual_seed(mix_seeds(int(member_seed), stable_name_hash(name)))
+    return gen
+
+
 def tensor_noise(member_seed: int, name: str, shape: Sequence[int] | torch.Size,
-                 device: torch.device | str = "cpu") -> torch.Tensor:
+                 device: torch.device | str = "cpu") -> Tensor:
     """Standard normal fp32 noise of one member for one tensor.
 
     Seeded by a mix of the member seed and the tensor's name, so same-shaped tensors get
     independent noise (the public-code trap: one seed for every tensor) and the same call
     always regenerates the same values. CPU and CUDA generators give different streams.
     """
-    gen = torch.Generator(device=device)
-    gen.manual_seed(mix_seeds(int(member_seed), stable_name_hash(name)))
-    return torch.randn(tuple(shape), generator=gen, dtype=torch.float32, device=device)
+    return torch.randn(tuple(shape), generator=_generator(member_seed, name, device), dtype=torch.float32,
+                       device=device)
+
+
+def lowrank_factors(member_seed: int, name: str, shape: Sequence[int], rank: int,
+                    device: torch.device | str = "cpu") -> tuple[Tensor, Tensor]:
+    """The factors A [m, r], B [n, r] of one member's low-rank noise A B^T / sqrt(r) for a tensor [m, n]."""
+    m, n = (int(s) for s in shape)
+    draw = torch.randn((m + n, int(rank)), generator=_generator(member_seed, name, device), dtype=torch.float32,
+                       device=device)
+    return draw[:m], draw[m:]
+
+
+@dataclass(frozen=True)
+class Noise:
+    """Which noise the members get: "full" (every tensor) or "lowrank" of rank `rank` (2-D tensors)."""
+
+    kind: str = "full"
+    rank: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("full", "lowrank"):  # esgrpo.es.settings.NOISE_KINDS
+            raise ValueError(f"noise must be 'full' or 'lowrank', got {self.kind!r}")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
+            raise ValueError(f"noise rank must be an integer >= 1, got {self.rank!r}")
+
+    def lowrank(self, shape: Sequence[int]) -> bool:
+        """Whether a tensor of `shape` gets low-rank noise."""
+        return self.kind == "lowrank" and len(shape) == 2
+
+    def dense(self, member_seed: int, name: str, shape: Sequence[int], device: torch.device | str = "cpu") -> Tensor:
+        """One member's noise eps for one tensor, as a dense fp32 tensor of `shape`."""
+        if self.lowrank(shape):
+            a, b = lowrank_factors(member_seed, name, shape, self.rank, device)
+            return (a @ b.T).div_(math.sqrt(self.rank))
+        return tensor_noise(member_seed, name, shape, device)
+
+    @torch.no_grad()
+    def weighted_sum(self, coefficients: Mapping[int, float], name: str, shape: Sequence[int],
+                     device: torch.device | str = "cpu") -> Tensor:
+        """``sum_seed c_seed * eps_seed`` for one tensor in fp32 (zero coefficients skipped).
+
+        Full rank: the noises added one at a time in the coefficients' order. Low rank: one matmul
+        [c_1 A_1, ..., c_k A_k] [B_1, ..., B_k]^T / sqrt(r), the factors stacked along the rank.
+        """
+        seeds = [(int(s), float(c)) for s, c in coefficients.items() if c != 0.0]
+        if self.lowrank(shape) and seeds:
+            factors = [(c, lowrank_factors(s, name, shape, self.rank, device)) for s, c in seeds]
+            a = torch.cat([f[0].mul(c) for c, f in factors], dim=1)
+            b = torch.cat([f[1] for _, f in factors], dim=1)
+            return (a @ b.T).div_(math.sqrt(self.rank))
+        total = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
+        for s, c in seeds:
+            total.add_(tensor_noise(s, name, shape, device), alpha=c)
+        return total
+
+
+FULL = Noise()
+_RECENT_DRAWS = 4  # q, k and v of one fused projection, and one more
+
+
+class Population(Mapping):
+    """The members ``theta + sign_n * sigma * eps_n`` of one iteration, built on demand.
+
+    A Mapping name -> stacked [N, *shape] members (cast to `dtypes[name]`, fp32 by default), so an
+    evaluator that wants stacked weights reads it like a dict; the population engine builds members
+    in its own layout from `theta`, `member` and `factors` instead, without the N x d stack. Every
+    member value comes from the clean theta (restoring is exact by construction). theta is only read.
+    """
+
+    def __init__(self, theta: Mapping[str, Tensor], seeds_signs: Sequence[tuple[int, float]], sigma: float,
+                 noise: Noise = FULL, dtypes: Mapping[str, torch.dtype] | None = None):
+        self.theta, self.sigma, self.noise = theta, float(sigma), noise
+        self.seeds_signs = [(int(s), float(g)) for s, g in seeds_signs]
+        self.dtypes = dict(dtypes or {})
+        # The last few noise draws: antithetic partners (adjacent members, one seed) share them, also
+        # when an engine builds a fused matrix from several tensors member by member.
+        self._recent: OrderedDict[tuple[int, str], Tensor] = OrderedDict()
+
+    @property
+    def n_members(self) -> int:
+        return len(self.seeds_signs)
+
+    def __len__(self) -> int:
+        return len(self.theta)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.theta)
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.stacked(name).to(self.dtypes.get(name, torch.float32))
+
+    def _noise(self, seed: int, name: str) -> Tensor:
+        key = (seed, name)
+        if key not in self._recent:
+            base = self.theta[name]
+            self._recent[key] = self.noise.dense(seed, name, base.shape, base.device)
+            while len(self._recent) > _RECENT_DRAWS:
+                self._recent.popitem(last=False)
+        return self._recent[key]
+
+    def forget(self) -> None:
+        """Drop the cached noise draws (the population is only read again by a new evaluation)."""
+        self._recent.clear()
+
+    def member(self, index: int, name: str) -> Tensor:
+        """Member `index`'s fp32 value of one tensor."""
+        seed, sign = self.seeds_signs[index]
+        return self.theta[name].add(self._noise(seed, name), alpha=sign * self.sigma)
+
+    def stacked(self, name: str, rows: Sequence[int] | None = None) -> Tensor:
+        """[len(rows), *shape] fp32 values of the members `rows` (default all) for one tensor."""
+        rows = range(self.n_members) if rows is None else [int(r) for r in rows]
+        base = self.theta[name]
+        out = torch.empty((len(rows), *base.shape), dtype=torch.float32, device=base.device)
+        draw: tuple[int, Tensor] | None = None
+        for i, r in enumerate(rows):
+            seed, sign = self.seeds_signs[r]
+            if draw is None or draw[0] != seed:  # antithetic partners are adjacent: one draw for both
+                draw = (seed, self.noise.dense(seed, name, base.shape, base.device))
+            torch.add(base, draw[1], alpha=sign * self.sigma, out=out[i])
+        return out
+
+    def members(self, dtypes: bool = True) -> Iterator[dict[str, Tensor]]:
+        """One member's weights at a time, {name: tensor} (cast to `dtypes` unless told not to)."""
+        for index in range(self.n_members):
+            member = {}
+            for name in self.theta:
+                value = self.member(index, name)
+                member[name] = value.to(self.dtypes.get(name, torch.float32)) if dtypes else value
+            yield member
+        self.forget()
+
+    def factors(self, name: str, rows: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
+        """Low-rank members' factors of one 2-D tensor: A [k, m, r] scaled by sign_n * sigma / sqrt(r), and
+        B [k, n, r], so member n's value is theta + A_n B_n^T."""
+        rows = range(self.n_members) if rows is None else [int(r) for r in rows]
+        base = self.theta[name]
+        if not self.noise.lowrank(base.shape):
+            raise ValueError(f"{name} {tuple(base.shape)} has no low-rank factors under {self.noise}")
+        scale = self.sigma / math.sqrt(self.noise.rank)
+        a_s, b_s = [], []
+        for r in rows:
+            seed, sign = self.seeds_signs[r]
+            a, b = lowrank_factors(seed, name, base.shape, self.noise.rank, base.device)
+            a_s.append(a.mul(sign * scale))
+            b_s.append(b)
+        return torch.stack(a_s), torch.stack(b_s)

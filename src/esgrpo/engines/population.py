@@ -56,14 +56,19 @@ from esgrpo.engines.population_weights import (
     Arch,
     Layer,
     PopulationWeights,
+    arch_of,
     check_window,
+    member_bytes,
     prepare_population,
     stack_members,
 )
 from esgrpo.engines.rollout import id_list, lengths_through_eos
+from esgrpo.noise import Population
 
 __all__ = [
+    "GROUP_BYTES",
     "PopulationOutput",
+    "member_groups",
     "PopulationWeights",
     "population_generate",
     "prepare_population",
@@ -106,20 +111,16 @@ def _rms(x: Tensor, eps: float) -> Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True).add_(eps))
 
 
-def _project(x: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    return torch.bmm(x, w) if b is None else torch.baddbmm(b, x, w)
-
-
-def _add_project_(x: Tensor, y: Tensor, w: Tensor, b: Tensor | None) -> Tensor:
-    """x += y @ w (+ b), in place: the residual add rides on the gemm."""
-    x.baddbmm_(y, w)
-    return x if b is None else x.add_(b)
+def _normed(x: Tensor, g: Tensor | None, eps: float) -> Tensor:
+    """RMSNorm; its weight `g` [N, 1, H] applied here only when not folded into the next matmul (low rank)."""
+    h = _rms(x, eps)
+    return h if g is None else h.mul_(g)
 
 
 def _mlp_(x: Tensor, layer: Layer, eps: float, inter: int) -> Tensor:
-    gu = _project(_rms(x, eps), layer.wgu, layer.bgu)
+    gu = layer.gu(_normed(x, layer.norm2, eps))
     act = F.silu(gu[..., :inter]).mul_(gu[..., inter:])
-    return _add_project_(x, act, layer.wd, layer.bd)
+    return layer.down.add_(x, act)
 
 
 def _attention_prefill(q: Tensor, kc: Tensor, vc: Tensor, add_mask: Tensor, t: int, tq: int,
@@ -172,12 +173,11 @@ def _prefill_members(pw: PopulationWeights, s: int, e: int, input_ids: Tensor, r
     n, (b, t) = e - s, input_ids.shape
     nq, nkv, hd = arch.heads, arch.kv_heads, arch.head_dim
     nqk = nq + nkv
-    offsets = torch.arange(s, e, device=input_ids.device)[:, None] * arch.vocab
-    x = F.embedding(input_ids.reshape(1, b * t) + offsets, pw.embed)  # [n, B*T, H]
+    x = pw.embed.members(s, e)(input_ids.reshape(1, b * t).expand(n, b * t))  # [n, B*T, H]
     for i, layer in enumerate(pw.layers):
         layer = layer.members(s, e)
         last = i == arch.layers - 1
-        qkv = _project(_rms(x, arch.eps), layer.wqkv, layer.bqkv).view(n, b, t, -1)
+        qkv = layer.qkv(_normed(x, layer.norm1, arch.eps)).view(n, b, t, -1)
         qk = torch.view_as_complex(qkv[..., :nqk * hd].unflatten(-1, (nqk, hd // 2, 2)))
         qk = torch.view_as_real(qk * rot).flatten(-2)  # [n, B, T, nqk, hd]
         kcache[i, :, :, :, :, :t] = qk[..., nq:, :].permute(0, 1, 3, 4, 2)
@@ -190,7 +190,7 @@ def _prefill_members(pw: PopulationWeights, s: int, e: int, input_ids: Tensor, r
             x = x.view(n, b, t, -1)[:, :, -1].contiguous()
         else:
             o = _attention_prefill(qk[..., :nq, :], kcache[i], vcache[i], add_mask, t, t, nq // nkv)
-        _add_project_(x, o, layer.wo, layer.bo)
+        layer.o.add_(x, o)
         _mlp_(x, layer, arch.eps, arch.intermediate)
     return x  # [n, B, H]
 
@@ -204,7 +204,7 @@ def _decode(pw: PopulationWeights, x: Tensor, rot: Tensor, slot: int, dmask: Ten
     nqk, groups = nq + nkv, nq // nkv
     cur = slot + 1
     for i, layer in enumerate(pw.layers):
-        qkv = _project(_rms(x, arch.eps), layer.wqkv, layer.bqkv)  # [N, B, C]
+        qkv = layer.qkv(_normed(x, layer.norm1, arch.eps))  # [N, B, C]
         qk = torch.view_as_complex(qkv[..., :nqk * hd].unflatten(-1, (nqk, hd // 2, 2)))
         qk = torch.view_as_real(qk * rot).flatten(-2)  # [N, B, nqk, hd]
         kc, vc = kcache[i], vcache[i]  # [N, B, nkv, hd, S] and [N, B, nkv, S, hd]
@@ -216,13 +216,13 @@ def _decode(pw: PopulationWeights, x: Tensor, rot: Tensor, slot: int, dmask: Ten
         # dmask [N*B*nkv, 1, S]: the padding mask broadcast over the query heads of a group.
         scores = torch.baddbmm(dmask[:, :, :cur], q, keys_t)
         o = torch.bmm(scores.softmax(-1), vals).view(n, b, nq * hd)
-        _add_project_(x, o, layer.wo, layer.bo)
+        layer.o.add_(x, o)
         _mlp_(x, layer, arch.eps, arch.intermediate)
     return x
 
 
 def _logits(pw: PopulationWeights, x: Tensor) -> Tensor:
-    return torch.bmm(_rms(x, pw.arch.eps), pw.lm_head)  # [N, B, V]
+    return pw.head(_normed(x, pw.norm, pw.arch.eps))  # [N, B, V]
 
 
 def categorical(probs: Tensor, generator: torch.Generator | None) -> Tensor:
@@ -293,25 +293,66 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
     """Generate from N members at once; all members see the same B left-padded prompts.
 
     stacked: ``{name: [N, *param.shape]}`` for the parameters of ``model.named_parameters()``
-    (a missing name uses the model's own tensor for every member), a `PopulationWeights` from
-    `prepare_population`, or None for the model's own weights (N = 1).
+    (a missing name uses the model's own tensor for every member), an `esgrpo.noise.Population`
+    (members built here, full-rank or low-rank), a `PopulationWeights` from `prepare_population`,
+    or None for the model's own weights (N = 1).
     input_ids, attention_mask: [B, T], left-padded. eos_token_id: one id, several, or None (never
     stop). Finished sequences emit `pad_token_id`.
     temperature 0: greedy (argmax of the raw logits, first index on ties, as `generate`); else
     temperature + top-p sampling drawn from `generator`.
     member_rows: optional indices of the members to run (see `prepare_population`); ignored when
     `stacked` is already a `PopulationWeights`.
+
+    Full-rank members whose weights exceed `GROUP_BYTES` together run in groups of members, one
+    group's weights at a time (`member_groups`): decoding is memory-bound per member anyway at such
+    sizes, so grouping costs little time and bounds the memory.
     """
+    args = (input_ids, attention_mask, max_new_tokens, eos_token_id, pad_token_id, temperature, top_p, generator)
     if isinstance(stacked, PopulationWeights):
-        pw = stacked
+        return _generate(model, stacked, *args)
+    groups = member_groups(model, stacked, member_rows)
+    outs = [_generate(model, prepare_population(model, stacked, rows, rows=input_ids.shape[0]), *args)
+            for rows in groups]
+    if len(outs) == 1:
+        return outs[0]
+    return PopulationOutput(*(torch.cat([getattr(o, f) for o in outs]) for f in
+                              ("tokens", "lengths", "logprobs", "entropies")))
+
+
+# Full-rank members' prepared weights above this many bytes run in groups (`member_groups`).
+GROUP_BYTES = 4 * 2**30
+
+
+def member_groups(model: torch.nn.Module, stacked: Mapping[str, Tensor] | None,
+                  member_rows: Tensor | None) -> list[Tensor | None]:
+    """The member rows of each group `population_generate` prepares and runs at once: one group (None:
+    every member) unless full-rank members' weights (`member_bytes`) exceed `GROUP_BYTES` together; then
+    groups of even size (antithetic partners stay together) as equal as that allows."""
+    if isinstance(stacked, Population):
+        total = stacked.n_members
     else:
-        pw = prepare_population(model, stacked, member_rows)
+        total = int(next(iter(stacked.values())).shape[0]) if stacked else 1
+    rows = torch.arange(total) if member_rows is None else torch.as_tensor(member_rows, dtype=torch.long).reshape(-1)
+    lowrank = isinstance(stacked, Population) and stacked.noise.kind == "lowrank"
+    need = len(rows) * member_bytes(arch_of(model))
+    if lowrank or need <= GROUP_BYTES:
+        return [member_rows]
+    count = -(-need // GROUP_BYTES)
+    size = -(-len(rows) // count)
+    size += size % 2
+    return [rows[s:s + size] for s in range(0, len(rows), size)]
+
+
+def _generate(model: torch.nn.Module, pw: PopulationWeights, input_ids: Tensor, attention_mask: Tensor | None,
+              max_new_tokens: int, eos_token_id: int | Sequence[int] | None, pad_token_id: int,
+              temperature: float, top_p: float, generator: torch.Generator | None) -> PopulationOutput:
+    """`population_generate` over prepared weights."""
     arch = pw.arch
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [B, T], got {tuple(input_ids.shape)}")
     if pad_token_id is None:
         raise ValueError("pad_token_id is required (finished rows emit it)")
-    device = pw.embed.device
+    device = pw.embed.table.device
     input_ids = input_ids.to(device)
     b, t = input_ids.shape
     n, steps = pw.n_members, int(max_new_tokens)
@@ -337,7 +378,6 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
     entropies = torch.zeros(steps, n, b, device=device)
     lengths = torch.zeros(n, b, dtype=torch.long, device=device)
     finished = torch.zeros(n, b, dtype=torch.bool, device=device)
-    offsets = torch.arange(n, device=device)[:, None] * arch.vocab
     greedy = temperature <= 0.0
 
     x = _prefill(pw, input_ids, rot_prompt, prefill_mask, kcache, vcache)
@@ -355,7 +395,7 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
             if j + 1 < steps and bool(finished.all()):
                 break
         if j + 1 < steps:
-            x = _decode(pw, F.embedding(tok + offsets, pw.embed), rot_new[j], t + j, decode_mask, kcache, vcache)
+            x = _decode(pw, pw.embed(tok), rot_new[j], t + j, decode_mask, kcache, vcache)
 
     valid = torch.arange(steps, device=device)[:, None, None] < lengths[None]
     return PopulationOutput(tokens=tokens.permute(1, 2, 0).contiguous(), lengths=lengths,

@@ -1,22 +1,46 @@
 """Member weights laid out for the population engine (`esgrpo.engines.population`): N perturbed copies of one
-small causal LM, every projection stacked with a leading member axis.
+causal LM, each projection a `Linear` over all members.
 
 `prepare_population` folds what can be folded once per population instead of once per step (the
 RMSNorm weights into the projection after the norm, the 1/sqrt(head_dim) attention scale into the
 query projection, q/k/v and gate/up into one matrix each, the rotary pairing permuted to
-interleaved pairs) and lays every matrix out [N, in, out]; `esgrpo.engines.population` explains why each
-rewrite is exact and what it saves.
+interleaved pairs); `esgrpo.engines.population` explains why each rewrite is exact and what it saves.
+
+Layouts, chosen per matrix by a measured rule (`PACK_MIN_ELEMENTS`):
+- small matrices: stacked [N, in, out] for one `torch.bmm` over members (per-call cost dominates);
+- larger ones on a CPU: one oneDNN-packed matrix per member (`torch.ops.mkldnn._linear_pointwise`,
+  the blocked layout torch's inductor uses for CPU linears). At SmolLM2-135M's shapes it ran 1.6-3x the
+  FLOP/s of bmm or MKL's F.linear with 8-16 rows per member (49 vs 25 GFLOP/s at 8 rows x 576 x 3072,
+  one thread of the 2-core EPYC), which is what a decode step with B prompts per member is;
+- low-rank members (`esgrpo.noise.Population` with low-rank noise): ONE matrix shared by all members,
+  whose matmul takes all N x B rows at once, plus each member's (x B_n) A_n^T (EGGROLL, arXiv
+  2511.16652); the norm weights (full-rank noise, one per member) are applied to the normalised
+  activations instead of being folded.
+Full-rank members are built from a `Population` one member and one matrix at a time (noise, fold and
+pack stay in cache), never as an N x d stack.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Arch", "Layer", "PopulationWeights", "check_window", "prepare_population", "stack_members"]
+from esgrpo.noise import Population
+
+__all__ = ["Arch", "Embedding", "arch_of", "Layer", "Linear", "PopulationWeights", "check_window", "member_bytes",
+           "prepare_population", "stack_members"]
+
+# Per-member matrices of at least this many elements use oneDNN's packed layout on a CPU (below it, a
+# packed call per member costs more than one bmm over all members). Measured with 4-16 members, 8-32
+# rows (scratch benchmark, 1 thread): packed / bmm time 0.1-0.4 at 64 x 128..384, 0.9-1.2 at
+# 256 x 512 and 1024 x 256 (2^17-2^18), 1.3-2.6 at 256 x 2048 and 576 x 960 (> 2^19).
+PACK_MIN_ELEMENTS = 2**18
+# A matrix shared by every member (low rank) is one call for all N x B rows: packed from this size.
+SHARED_PACK_MIN_ELEMENTS = 2**14
 
 
 # --------------------------------------------------------------------------- architecture
@@ -38,7 +62,7 @@ class Arch:
     rope_scale: float  # transformers' attention_scaling (1.0 for the default rope)
 
 
-def _arch(model: torch.nn.Module) -> Arch:
+def arch_of(model: torch.nn.Module) -> Arch:
     config = model.config
     if getattr(config, "model_type", None) not in ("llama", "qwen2"):
         raise NotImplementedError(f"population generation supports llama and qwen2, not {config.model_type!r}")
@@ -106,49 +130,6 @@ def stack_members(model: torch.nn.Module, member_state_dicts: Sequence[Mapping[s
     return stacked
 
 
-@dataclass
-class Layer:
-    wqkv: Tensor  # [N, H, (heads + 2 kv_heads) * head_dim], input norm, q scale, rope permutation folded
-    bqkv: Tensor | None  # [N, 1, same] or None
-    wo: Tensor  # [N, heads * head_dim, H]
-    bo: Tensor | None
-    wgu: Tensor  # [N, H, 2 I], post-attention norm folded
-    bgu: Tensor | None
-    wd: Tensor  # [N, I, H]
-    bd: Tensor | None
-
-    def members(self, s: int, e: int) -> Layer:
-        """The same layer for members [s, e) (views)."""
-        if s == 0 and e == self.wqkv.shape[0]:
-            return self
-        return Layer(*(None if w is None else w[s:e] for w in
-                        (self.wqkv, self.bqkv, self.wo, self.bo, self.wgu, self.bgu, self.wd, self.bd)))
-
-
-@dataclass
-class PopulationWeights:
-    """Member weights laid out for `population_generate`; build with `prepare_population`.
-
-    Reusable across calls with the same members (several prompt batches), which saves the one
-    copy of all N x d numbers that preparing costs.
-    """
-
-    n_members: int
-    arch: Arch
-    embed: Tensor  # [N * V, H], row n * V + token
-    layers: list[Layer]
-    lm_head: Tensor  # [N, H, V], final norm folded
-
-
-def _as_in_out(w: Tensor) -> Tensor:
-    """[N, out, in] (nn.Linear layout) -> contiguous [N, in, out], so `x @ w` is a plain NN gemm.
-
-    (Measured against keeping nn.Linear's layout and passing a transposed view: no consistent
-    difference on the small model, NN slightly ahead; contiguous also makes member slices cheap.)
-    """
-    return w.transpose(1, 2).contiguous()
-
-
 def _rope_perm(head_dim: int, heads: int) -> Tensor:
     """Output-feature order that pairs (i, i + head_dim/2) as adjacent (real, imaginary) entries."""
     half = head_dim // 2
@@ -156,94 +137,388 @@ def _rope_perm(head_dim: int, heads: int) -> Tensor:
     return (torch.arange(heads)[:, None] * head_dim + within[None, :]).reshape(-1)
 
 
+
+# --------------------------------------------------------------------------- layouts
+
+
+def packing_available(device: torch.device) -> bool:
+    """oneDNN's packed linear exists on this build and device (CPU only)."""
+    return (device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def _pack(w_out_in: Tensor, rows: int) -> Tensor:
+    """One [out, in] matrix in oneDNN's blocked layout for about `rows` rows per call (the hint picks
+    the blocking; 8-32 gave the same speed for 8-1280 rows, measured)."""
+    return torch.ops.mkldnn._reorder_linear_weight(w_out_in.contiguous(), max(1, int(rows)))
+
+
+def _packed_matmul(x: Tensor, w: Tensor) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+@dataclass
+class Linear:
+    """One projection of every member: x [N, R, in] -> [N, R, out], x_n W_n (+ (x_n D_n) U_n) (+ b_n).
+
+    weight: [M, in, out] for torch.bmm, or a list of M oneDNN-packed [out, in] matrices; M = N (one
+    matrix per member) or 1 (shared by all members, whose rows then go through one call).
+    down [N, in, k] / up [N, k, out]: low-rank member terms (A_n scaled by sign sigma / sqrt(r) is in up).
+    bias: [N or 1, 1, out] or None.
+    """
+
+    weight: Tensor | list[Tensor]
+    bias: Tensor | None = None
+    down: Tensor | None = None
+    up: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.shared = len(self.weight) == 1
+        self.packed = isinstance(self.weight, list)
+
+    def __call__(self, x: Tensor) -> Tensor:
+        n, r, _ = x.shape
+        xs = x.reshape(1, n * r, -1) if self.shared else x
+        if self.packed:
+            outs = [_packed_matmul(xs[i], w) for i, w in enumerate(self.weight)]
+            y = outs[0].unsqueeze(0) if self.shared else torch.stack(outs)
+        else:
+            y = torch.bmm(xs, self.weight)
+        y = y.view(n, r, -1)
+        if self.down is not None:
+            y.baddbmm_(torch.bmm(x, self.down), self.up)
+        return y if self.bias is None else y.add_(self.bias)
+
+    def add_(self, acc: Tensor, x: Tensor) -> Tensor:
+        """acc += self(x) in place; stacked per-member weights ride the residual add on baddbmm."""
+        if not self.packed and not self.shared and self.down is None:
+            acc.baddbmm_(x, self.weight)
+            return acc if self.bias is None else acc.add_(self.bias)
+        return acc.add_(self(x))
+
+    def members(self, s: int, e: int) -> Linear:
+        """The same projection for members [s, e) (views)."""
+        return Linear(self.weight if self.shared else self.weight[s:e], _rows(self.bias, s, e),
+                      _rows(self.down, s, e), _rows(self.up, s, e))
+
+
+def _rows(t: Tensor | None, s: int, e: int) -> Tensor | None:
+    """Members [s, e) of a per-member tensor; a shared one ([1, ...]) or None as it is."""
+    return t if t is None or t.shape[0] == 1 else t[s:e]
+
+
+@dataclass
+class Layer:
+    qkv: Linear  # input norm (full rank), q scale and rope permutation folded
+    o: Linear
+    gu: Linear  # post-attention norm folded (full rank)
+    down: Linear
+    norm1: Tensor | None = None  # [N, 1, H]: the input norm weights when not folded (low rank)
+    norm2: Tensor | None = None
+
+    def members(self, s: int, e: int) -> Layer:
+        """The same layer for members [s, e) (views)."""
+        return Layer(self.qkv.members(s, e), self.o.members(s, e), self.gu.members(s, e), self.down.members(s, e),
+                     _rows(self.norm1, s, e), _rows(self.norm2, s, e))
+
+
+@dataclass
+class Embedding:
+    """Token embeddings of every member: a table [M * V, H] (M = N, row n * V + token; or M = 1, shared),
+    plus low-rank member terms a [N * V, k] (A_n's rows, scaled) and b [N, k, H] (B_n^T)."""
+
+    table: Tensor
+    tables: int
+    vocab: int
+    a: Tensor | None = None
+    b: Tensor | None = None
+
+    def __call__(self, tokens: Tensor) -> Tensor:
+        """tokens [N, R] -> [N, R, H]."""
+        offsets = torch.arange(tokens.shape[0], device=tokens.device)[:, None] * self.vocab
+        x = F.embedding(tokens + offsets if self.tables > 1 else tokens, self.table)
+        if self.a is not None:
+            x.baddbmm_(F.embedding(tokens + offsets, self.a), self.b)
+        return x
+
+    def members(self, s: int, e: int) -> Embedding:
+        v = self.vocab
+        table = self.table if self.tables == 1 else self.table[s * v:e * v]
+        return Embedding(table, 1 if self.tables == 1 else e - s, v,
+                         None if self.a is None else self.a[s * v:e * v], _rows(self.b, s, e))
+
+
+@dataclass
+class PopulationWeights:
+    """Member weights laid out for `population_generate`; build with `prepare_population`.
+
+    Reusable across calls with the same members (several prompt batches), which saves the noise and
+    the layout work that preparing costs.
+    """
+
+    n_members: int
+    arch: Arch
+    embed: Embedding
+    layers: list[Layer]
+    head: Linear  # final norm folded (full rank)
+    norm: Tensor | None = None  # [N, 1, H]: the final norm weights when not folded (low rank)
+
+
+def member_bytes(arch: Arch) -> int:
+    """fp32 bytes of one full-rank member's prepared weights: every layer, the embedding table and the head."""
+    layer = arch.hidden * ((arch.heads + 2 * arch.kv_heads) * arch.head_dim + arch.heads * arch.head_dim
+                           + 3 * arch.intermediate)
+    return 4 * (arch.layers * layer + 2 * arch.vocab * arch.hidden)
+
+
+# --------------------------------------------------------------------------- member values
+
+
 class _MemberValues:
-    """Every parameter as [N, *shape] fp32 for the members being prepared: the stacked value, or the
-    model's own for every member (a name absent from `stacked`, e.g. a frozen tensor)."""
+    """Every parameter's fp32 values for the members being prepared: from stacked [N, *shape] tensors, a
+    `Population` (built on demand, rounded to its dtypes as stacking would), or the model's own value
+    for every member (a name the source lacks, e.g. a frozen tensor)."""
 
     def __init__(self, model: torch.nn.Module, stacked: Mapping[str, Tensor] | None, member_rows: Tensor | None):
         self.params = dict(model.named_parameters())
-        if not stacked:  # None (or empty): the model's own weights, one member
-            stacked = {}
-            self.n_members = 1
-        else:
-            sizes = {int(v.shape[0]) for v in stacked.values()}
+        self.device = next(model.parameters()).device
+        self.source = stacked or {}
+        self.population = stacked if isinstance(stacked, Population) else None
+        unknown = set(self.source) - set(self.params)
+        if unknown:
+            raise KeyError(f"not parameters of the model: {sorted(unknown)[:5]}")
+        if self.population is not None:
+            total = self.population.n_members
+        elif self.source:
+            sizes = {int(v.shape[0]) for v in self.source.values()}
             if len(sizes) != 1:
                 raise ValueError(f"stacked tensors disagree on the member count: {sorted(sizes)}")
-            self.n_members = sizes.pop()
-            unknown = set(stacked) - set(self.params)
-            if unknown:
-                raise KeyError(f"not parameters of the model: {sorted(unknown)[:5]}")
-        self.stacked = stacked
-        self.rows = None
-        if member_rows is not None:
-            self.rows = torch.as_tensor(member_rows, dtype=torch.long).reshape(-1)
-            self.n_members = int(self.rows.numel())
-        self.device = next(model.parameters()).device
+            total = sizes.pop()
+        else:
+            total = 1
+        self.rows = (list(range(total)) if member_rows is None
+                     else [int(r) for r in torch.as_tensor(member_rows, dtype=torch.long).reshape(-1)])
+        self.n_members = len(self.rows)
+        self.lowrank = self.population is not None and self.population.noise.kind == "lowrank"
 
-    def get(self, name: str) -> Tensor:
-        """[N, *shape] fp32; may be an expanded view (callers copy)."""
-        if name in self.stacked:
-            value = self.stacked[name]
-            if self.rows is not None:
-                value = value.index_select(0, self.rows.to(value.device))
+    def stack(self, name: str, members: Sequence[int] | None = None) -> Tensor:
+        """[k, *shape] fp32 values of the prepared members `members` (positions, default all); may be an
+        expanded view (callers copy)."""
+        picked = self.rows if members is None else [self.rows[m] for m in members]
+        if name in self.source:
+            if self.population is not None:
+                pop = self.population
+                # one member at a time draws through the population's cache: antithetic partners share it
+                value = (pop.member(picked[0], name).unsqueeze(0) if len(picked) == 1
+                         else pop.stacked(name, picked))
+                dtype = pop.dtypes.get(name, torch.float32)
+                return value if dtype == torch.float32 else value.to(dtype).float()
+            value = self.source[name].index_select(0, torch.tensor(picked, device=self.source[name].device))
             return value.to(device=self.device, dtype=torch.float32)
         value = self.params[name].detach().to(torch.float32)
-        return value.unsqueeze(0).expand(self.n_members, *value.shape)
+        return value.unsqueeze(0).expand(len(picked), *value.shape)
 
-    def maybe(self, name: str) -> Tensor | None:
-        return self.get(name) if name in self.params else None
+    def maybe(self, name: str, members: Sequence[int] | None = None) -> Tensor | None:
+        return self.stack(name, members) if name in self.params else None
 
-    def bias(self, name: str) -> Tensor | None:
-        """[N, 1, width] contiguous, or None when the model has no such bias."""
-        b = self.maybe(name)
-        return None if b is None else b.unsqueeze(1).contiguous()
+    def shared(self, name: str) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Low rank: the value every member shares ([*shape] fp32) and the members' factors (A scaled
+        [N, m, r], B [N, n, r]), or None, None for a tensor without member noise."""
+        if name not in self.source:
+            return self.params[name].detach().to(torch.float32), None, None
+        pop = self.population
+        base = pop.theta[name].to(pop.dtypes.get(name, torch.float32)).float()
+        a, b = pop.factors(name, self.rows)
+        return base, a, b
 
 
-def _prepare_layer(values: _MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor) -> Layer:
-    """Layer i with its norms, the q scale and the rope permutation folded into fused projections."""
-    hd, nq, nkv, p = arch.head_dim, arch.heads, arch.kv_heads, arch.prefix
-    get, scale = values.get, hd ** -0.5
-    a, m = f"{p}.layers.{i}.self_attn.", f"{p}.layers.{i}.mlp."
-    ln1 = get(f"{p}.layers.{i}.input_layernorm.weight")
-    ln2 = get(f"{p}.layers.{i}.post_attention_layernorm.weight")
-    wqkv = torch.cat([get(a + "q_proj.weight")[:, perm_q] * scale,
-                      get(a + "k_proj.weight")[:, perm_k],
-                      get(a + "v_proj.weight")], dim=1)  # [N, C, H], nn.Linear layout
-    wqkv = _as_in_out(wqkv * ln1[:, None, :])  # [N, H, C]
-    biases = [values.maybe(a + f"{x}_proj.bias") for x in "qkv"]
-    bqkv = None
-    if any(b is not None for b in biases):
-        widths = (nq * hd, nkv * hd, nkv * hd)
-        bq, bk, bv = (b if b is not None else torch.zeros(values.n_members, w, device=values.device)
-                      for b, w in zip(biases, widths, strict=True))
-        bqkv = torch.cat([bq[:, perm_q] * scale, bk[:, perm_k], bv], dim=1).unsqueeze(1).contiguous()
-    wgu = torch.cat([get(m + "gate_proj.weight"), get(m + "up_proj.weight")], dim=1)
-    wgu = _as_in_out(wgu * ln2[:, None, :])
-    bgu = None
-    if f"{m}gate_proj.bias" in values.params:
-        bgu = torch.cat([get(m + "gate_proj.bias"), get(m + "up_proj.bias")], dim=1).unsqueeze(1).contiguous()
-    return Layer(wqkv=wqkv, bqkv=bqkv, wo=_as_in_out(get(a + "o_proj.weight")), bo=values.bias(a + "o_proj.bias"),
-                  wgu=wgu, bgu=bgu, wd=_as_in_out(get(m + "down_proj.weight")), bd=values.bias(m + "down_proj.bias"))
+# --------------------------------------------------------------------------- full-rank members
+
+
+Fold = Callable[[Sequence[int] | None], tuple[Tensor, Tensor | None]]  # members -> ([k, out, in], [k, 1, out] | None)
+
+
+def _per_member(fold: Fold, out: int, inp: int, values: _MemberValues, rows: int) -> Linear:
+    """One matrix per member, in the layout its size runs fastest in (`PACK_MIN_ELEMENTS`)."""
+    if packing_available(values.device) and out * inp >= PACK_MIN_ELEMENTS:
+        weights, biases = [], []
+        for m in range(values.n_members):  # fold and pack one member at a time: it stays in cache
+            w, b = fold([m])
+            weights.append(_pack(w[0], rows))
+            biases.append(b)
+        return Linear(weights, None if biases[0] is None else torch.cat(biases))
+    w, b = fold(None)
+    return Linear(w.transpose(1, 2).contiguous(), b)  # [N, in, out]: x @ w is a plain NN gemm
+
+
+def _qkv_parts(arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor) -> list[tuple[str, Tensor | None, float]]:
+    """(module name, output permutation, scale) of q, k, v in the fused order."""
+    a = f"{arch.prefix}.layers.{i}.self_attn."
+    return [(a + "q_proj", perm_q, arch.head_dim ** -0.5), (a + "k_proj", perm_k, 1.0), (a + "v_proj", None, 1.0)]
+
+
+def _fused_bias(values: _MemberValues, parts, widths: Sequence[int], members) -> Tensor | None:
+    """[k, 1, C] of the parts' biases (zeros where a part has none), permuted and scaled; None without biases."""
+    biases = [values.maybe(name + ".bias", members) for name, _, _ in parts]
+    if all(b is None for b in biases):
+        return None
+    k = len(values.rows) if members is None else len(members)
+    out = []
+    for b, (_, perm, scale), width in zip(biases, parts, widths, strict=True):
+        b = torch.zeros(k, width, device=values.device) if b is None else b
+        out.append((b[:, perm] if perm is not None else b) * scale)
+    return torch.cat(out, dim=1).unsqueeze(1).contiguous()
+
+
+def _fused_fold(values: _MemberValues, parts, norm: str) -> Fold:
+    """The fold of several [out, in] tensors into one: rows permuted and scaled, stacked, the norm folded."""
+
+    def fold(members):
+        blocks = []
+        for name, perm, scale in parts:
+            w = values.stack(name + ".weight", members)
+            w = w[:, perm] if perm is not None else w
+            blocks.append(w * scale if scale != 1.0 else w)
+        w = torch.cat(blocks, dim=1).mul_(values.stack(norm, members)[:, None, :])
+        return w, _fused_bias(values, parts, [blk.shape[1] for blk in blocks], members)
+
+    return fold
+
+
+def _plain_fold(values: _MemberValues, name: str) -> Fold:
+    def fold(members):
+        bias = values.maybe(name + ".bias", members)
+        return values.stack(name + ".weight", members), None if bias is None else bias.unsqueeze(1).contiguous()
+
+    return fold
+
+
+def _full_layer(values: _MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor, rows: int) -> Layer:
+    """Layer i, full rank: norms, the q scale and the rope permutation folded into fused projections."""
+    p, h, hd = arch.prefix, arch.hidden, arch.head_dim
+    m = f"{p}.layers.{i}.mlp."
+    qkv = _fused_fold(values, _qkv_parts(arch, i, perm_q, perm_k), f"{p}.layers.{i}.input_layernorm.weight")
+    gu = _fused_fold(values, [(m + "gate_proj", None, 1.0), (m + "up_proj", None, 1.0)],
+                     f"{p}.layers.{i}.post_attention_layernorm.weight")
+    return Layer(qkv=_per_member(qkv, (arch.heads + 2 * arch.kv_heads) * hd, h, values, rows),
+                 o=_per_member(_plain_fold(values, f"{p}.layers.{i}.self_attn.o_proj"), h, arch.heads * hd, values,
+                               rows),
+                 gu=_per_member(gu, 2 * arch.intermediate, h, values, rows),
+                 down=_per_member(_plain_fold(values, m + "down_proj"), h, arch.intermediate, values, rows))
+
+
+def _full_members(values: _MemberValues, arch: Arch, perm_q: Tensor, perm_k: Tensor, rows: int) -> PopulationWeights:
+    layers = [_full_layer(values, arch, i, perm_q, perm_k, rows) for i in range(arch.layers)]
+    n, v, h = values.n_members, arch.vocab, arch.hidden
+    table = values.stack(f"{arch.prefix}.embed_tokens.weight").contiguous().view(n * v, h)
+    norm = f"{arch.prefix}.norm.weight"
+
+    def head(members):  # a tied head is the member's embedding table (already built: no second noise draw)
+        if arch.tied:
+            w = table.view(n, v, h) if members is None else table.view(n, v, h)[list(members)]
+        else:
+            w = values.stack("lm_head.weight", members)
+        return w * values.stack(norm, members)[:, None, :], None
+
+    return PopulationWeights(n_members=n, arch=arch, embed=Embedding(table, n, v),
+                             layers=layers, head=_per_member(head, v, h, values, rows))
+
+
+# --------------------------------------------------------------------------- low-rank members
+
+
+def _shared_linear(base: Tensor, bias: Tensor | None, down: Tensor | None, up: Tensor | None, rows: int,
+                   device: torch.device) -> Linear:
+    """A [out, in] matrix every member shares, packed from `SHARED_PACK_MIN_ELEMENTS` on a CPU."""
+    if packing_available(device) and base.numel() >= SHARED_PACK_MIN_ELEMENTS:
+        return Linear([_pack(base, rows)], bias, down, up)
+    return Linear(base.T.contiguous().unsqueeze(0), bias, down, up)
+
+
+def _lowrank_linear(values: _MemberValues, parts, bias: Tensor | None, rows: int) -> Linear:
+    """Fused parts (name, row permutation, scale): the shared [C, in] matrix, and the members' factors as
+    down = [B_1 .. B_p] [N, in, p r] and a block-diagonal up [N, p r, C] holding each part's A^T."""
+    bases, downs, ups, start = [], [], [], 0
+    for name, perm, scale in parts:
+        w, a, b = values.shared(name + ".weight")
+        if perm is not None:
+            w, a = w[perm], None if a is None else a[:, perm]
+        bases.append(w * scale if scale != 1.0 else w)
+        if a is not None:
+            downs.append(b)
+            ups.append((start, a.transpose(1, 2) * scale))
+        start += w.shape[0]
+    base = torch.cat(bases, dim=0)
+    if not downs:
+        return _shared_linear(base, bias, None, None, rows, values.device)
+    down = torch.cat(downs, dim=2).contiguous()
+    up = torch.zeros(down.shape[0], down.shape[2], start, device=values.device)
+    col = 0
+    for first, block in ups:
+        up[:, col:col + block.shape[1], first:first + block.shape[2]] = block
+        col += block.shape[1]
+    return _shared_linear(base, bias, down, up, rows, values.device)
+
+
+def _lowrank_layer(values: _MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor, rows: int) -> Layer:
+    p = arch.prefix
+    m, a = f"{p}.layers.{i}.mlp.", f"{p}.layers.{i}.self_attn."
+    parts = _qkv_parts(arch, i, perm_q, perm_k)
+    hd = arch.head_dim
+    widths = (arch.heads * hd, arch.kv_heads * hd, arch.kv_heads * hd)
+    gu_parts = [(m + "gate_proj", None, 1.0), (m + "up_proj", None, 1.0)]
+
+    def plain(name):
+        bias = values.maybe(name + ".bias")
+        return _lowrank_linear(values, [(name, None, 1.0)], None if bias is None else bias.unsqueeze(1).contiguous(),
+                               rows)
+
+    def norm(name):
+        return values.stack(f"{p}.layers.{i}.{name}.weight").unsqueeze(1).contiguous()
+
+    return Layer(qkv=_lowrank_linear(values, parts, _fused_bias(values, parts, widths, None), rows),
+                 o=plain(a + "o_proj"),
+                 gu=_lowrank_linear(values, gu_parts, _fused_bias(values, gu_parts, (arch.intermediate,) * 2, None),
+                                    rows),
+                 down=plain(m + "down_proj"),
+                 norm1=norm("input_layernorm"), norm2=norm("post_attention_layernorm"))
+
+
+def _lowrank_members(values: _MemberValues, arch: Arch, perm_q: Tensor, perm_k: Tensor,
+                     rows: int) -> PopulationWeights:
+    """Low rank: shared matrices take all N x B rows in one call (`rows` = N x B is their packing hint)."""
+    p, n = arch.prefix, values.n_members
+    layers = [_lowrank_layer(values, arch, i, perm_q, perm_k, rows) for i in range(arch.layers)]
+    table, a, b = values.shared(f"{p}.embed_tokens.weight")
+    embed = Embedding(table.contiguous(), 1, arch.vocab, None if a is None else a.reshape(n * arch.vocab, -1),
+                      None if b is None else b.transpose(1, 2).contiguous())
+    if not arch.tied:
+        table, a, b = values.shared("lm_head.weight")
+    head = _shared_linear(table, None, b, None if a is None else a.transpose(1, 2).contiguous(), rows, values.device)
+    return PopulationWeights(n_members=n, arch=arch, embed=embed, layers=layers, head=head,
+                             norm=values.stack(f"{p}.norm.weight").unsqueeze(1).contiguous())
 
 
 @torch.no_grad()
 def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | None,
-                       member_rows: Tensor | None = None) -> PopulationWeights:
-    """Fuse and lay out stacked member weights once per call (or once per population).
+                       member_rows: Tensor | None = None, rows: int = 8) -> PopulationWeights:
+    """Fuse and lay out member weights once per call (or once per population).
 
-    stacked: ``{name: [N, *param.shape]}``; None means the model's own weights (N = 1). A name
-    absent from `stacked` takes the model's own value for every member (e.g. frozen tensors).
+    stacked: ``{name: [N, *param.shape]}``, an `esgrpo.noise.Population` (members built here in the
+    engine's layout; low-rank ones share their base matrices), or None for the model's own weights
+    (N = 1). A name absent from `stacked` takes the model's own value for every member (e.g. frozen tensors).
     member_rows: optional 1-D indices into the member axis: only those members are prepared
     (in that order), e.g. to re-evaluate a subset without restacking.
+    rows: the rows per member of a decode step (the prompts), the packed layout's size hint.
     """
-    arch = _arch(model)
+    arch = arch_of(model)
     values = _MemberValues(model, stacked, member_rows)
     perm_q = _rope_perm(arch.head_dim, arch.heads).to(values.device)
     perm_k = _rope_perm(arch.head_dim, arch.kv_heads).to(values.device)
-    layers = [_prepare_layer(values, arch, i, perm_q, perm_k) for i in range(arch.layers)]
-    embed = values.get(f"{arch.prefix}.embed_tokens.weight")  # [N, V, H]
-    head = embed if arch.tied else values.get("lm_head.weight")
-    lm_head = _as_in_out(head * values.get(f"{arch.prefix}.norm.weight")[:, None, :])
-    return PopulationWeights(n_members=values.n_members, arch=arch,
-                             embed=embed.contiguous().reshape(values.n_members * arch.vocab, arch.hidden),
-                             layers=layers, lm_head=lm_head)
+    if values.lowrank:
+        out = _lowrank_members(values, arch, perm_q, perm_k, rows * values.n_members)
+    else:
+        out = _full_members(values, arch, perm_q, perm_k, rows)
+    if values.population is not None:
+        values.population.forget()
+    return out

@@ -2,7 +2,7 @@
 
 vLLM fuses ``q_proj|k_proj|v_proj`` into ``qkv_proj`` and ``gate_proj|up_proj`` into ``gate_up_proj``,
 stacked along dim 0, and pads vocabulary rows (embedding, lm_head) to a multiple of 64. ES noise is
-`esgrpo.es.ops.tensor_noise` of the *HF* tensor name, so the noise of a fused tensor is the
+`esgrpo.noise` of the *HF* tensor name (full-rank or low-rank), so the noise of a fused tensor is the
 concatenation of its parts' noise (`fused_noise`) and the trajectory is the same function of
 (seed, HF name) on the vLLM backend as on the transformers one. Exports go back to HF layout
 (`unfuse_state_dict`), loadable by transformers.
@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from esgrpo.noise import tensor_noise
+from esgrpo.noise import FULL, Noise
 
-__all__ = ["FUSED", "Part", "config_value", "fuse_state_dict", "fused_noise", "hf_names", "is_fused", "parts_of",
+__all__ = ["FUSED", "Part", "config_value", "fuse_state_dict", "fused_noise", "fused_weighted_sum", "hf_names", "is_fused", "parts_of",
            "read_fused", "unfuse_items", "unfuse_state_dict", "vocab_rows"]
 
 # fused vLLM module -> its HF modules, in the order vLLM stacks them along dim 0
@@ -161,17 +161,33 @@ def fuse_state_dict(hf: Mapping[str, torch.Tensor], config: Any) -> dict[str, to
 # --------------------------------------------------------------------------- noise
 
 
-def fused_noise(member_seed: int, name: str, shape: Sequence[int], config: Any,
-                device: torch.device | str = "cpu") -> torch.Tensor:
-    """`tensor_noise` of the HF tensors a (possibly fused or vocabulary-padded) tensor holds, laid out as in vLLM."""
+def _in_vllm_layout(name: str, shape: Sequence[int], config: Any, device: torch.device | str,
+                   of_part: Callable[[str, tuple[int, ...]], torch.Tensor]) -> torch.Tensor:
+    """A (possibly fused or vocabulary-padded) vLLM tensor built from `of_part(hf_name, hf_shape)` of its HF parts:
+    the parts stacked along dim 0; vLLM's padding rows zero."""
     parts = parts_of(name, shape, config)
     if len(parts) == 1 and parts[0].name == name:
         rows = vocab_rows(name, shape, config)
         if rows is None:
-            return tensor_noise(member_seed, name, shape, device)
+            return of_part(name, tuple(shape))
         # the checkpoint's rows get the HF-layout noise; vLLM's padding rows stay put
         noise = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
-        noise[:rows] = tensor_noise(member_seed, name, (rows, *shape[1:]), device)
+        noise[:rows] = of_part(name, (rows, *shape[1:]))
         return noise
     rest = tuple(shape[1:])
-    return torch.cat([tensor_noise(member_seed, p.name, (p.stop - p.start, *rest), device) for p in parts], dim=0)
+    return torch.cat([of_part(p.name, (p.stop - p.start, *rest)) for p in parts], dim=0)
+
+
+def fused_noise(member_seed: int, name: str, shape: Sequence[int], config: Any,
+                device: torch.device | str = "cpu", noise: Noise = FULL) -> torch.Tensor:
+    """The `Noise` of the HF tensors a (possibly fused or vocabulary-padded) tensor holds, laid out as in vLLM
+    (low rank: each HF part its own A B^T / sqrt(r), as on the transformers backend)."""
+    return _in_vllm_layout(name, shape, config, device,
+                           lambda part, part_shape: noise.dense(member_seed, part, part_shape, device))
+
+
+def fused_weighted_sum(coefficients: Mapping[int, float], name: str, shape: Sequence[int], config: Any,
+                       device: torch.device | str = "cpu", noise: Noise = FULL) -> torch.Tensor:
+    """`Noise.weighted_sum` (the update's sum of weighted noises) of a vLLM tensor's HF parts, in vLLM layout."""
+    return _in_vllm_layout(name, shape, config, device,
+                           lambda part, part_shape: noise.weighted_sum(coefficients, part, part_shape, device))

@@ -2,8 +2,9 @@
 population engine (`esgrpo.engines.population`), on a CPU or one GPU.
 
 `HFESBackend` keeps the fp32 master theta of the trainable tensors beside the model; a member's
-weights are ``theta + sign * sigma * eps`` (`esgrpo.es.ops`), handed to an evaluator either
-stacked (``{name: [N, *shape]}``, one population-batched generation) or one member at a time
+weights are ``theta + sign * sigma * eps`` (`esgrpo.noise`, full-rank or low-rank), handed to an evaluator
+either as a whole `esgrpo.noise.Population` (one population-batched generation, which builds the members in
+its own layout; indexed by name it gives stacked ``[N, *shape]`` members) or one member at a time
 (``population="sequential"``: d numbers in memory instead of N x d). After every evaluation and
 update the model's parameters are rewritten from theta (cast to their dtype), so a bf16 model
 keeps its small updates in the fp32 master; `master_from` reads theta0 from the checkpoint's own
@@ -23,15 +24,18 @@ import torch
 
 from esgrpo.engines.rollout import eos_token_ids
 from esgrpo.es.backend import THETA_FILE, BackendStart, ESBackend, FitnessResult
-from esgrpo.es.ops import apply_update, iter_population, l2_norm, perturbed_population, select_trainable
+from esgrpo.es.ops import apply_update, l2_norm, select_trainable
 from esgrpo.es.settings import ESConfig
+from esgrpo.noise import Population
 
 __all__ = ["HFESBackend", "load_theta_into_model", "make_population_evaluator", "theta_from_checkpoint",
            "theta_from_model", "trainable_names"]
 
 Row = dict[str, Any]
 Theta = dict[str, torch.Tensor]
-Population = dict[str, torch.Tensor] | Iterator[dict[str, torch.Tensor]]
+# A population as an evaluator gets it: the lazy `esgrpo.noise.Population` (a Mapping name -> [N, *shape]
+# stacked members; the population engine builds members from it in its own layout) or one member at a time
+Members = Population | Iterator[dict[str, torch.Tensor]]
 # evaluate_population(population, prompt_rows, cfg, generator=torch.Generator) -> FitnessResult
 EvaluatePopulation = Callable[..., FitnessResult]
 
@@ -77,8 +81,8 @@ class HFESBackend(ESBackend):
     """ES on a transformers model in this process.
 
     evaluate_population(pop, prompt_rows, cfg, generator=...) -> FitnessResult, where pop is the
-    stacked member weights (population="stacked", dict name -> [N, *shape]) or an iterator of
-    member dicts (population="sequential"); `generator` is a torch.Generator seeded from the
+    members as an `esgrpo.noise.Population` (population="stacked": a Mapping name -> [N, *shape], built
+    on demand) or an iterator of member dicts (population="sequential"); `generator` is a torch.Generator seeded from the
     iteration's rollout seed, for sampled rollouts. `tokenizer` (may be None) is saved with the model.
     master_from: the checkpoint (folder or Hub id) the model was loaded from, to read theta0 in fp32
     when the model runs in a lower precision; None takes theta0 from the model.
@@ -105,6 +109,7 @@ class HFESBackend(ESBackend):
         self.theta0 = (theta_from_model(self.model, names) if self.master_from is None
                        else theta_from_checkpoint(self.master_from, names, self.device))
         self.theta = {k: v.clone() for k, v in self.theta0.items()}
+        self.noise = cfg.noise_spec
         load_theta_into_model(self.model, self.theta)
         return BackendStart(parameters=sum(t.numel() for t in self.theta0.values()), tensors=len(names),
                             identity={"names": names, "population": self.population}, start_weights=self.theta0)
@@ -116,10 +121,8 @@ class HFESBackend(ESBackend):
         torch.manual_seed(rollout_seed)
         generator = torch.Generator(device=self.device)
         generator.manual_seed(rollout_seed)
-        if self.population == "stacked":
-            pop: Population = perturbed_population(self.theta, seeds_signs, cfg.sigma, self.dtypes)
-        else:
-            pop = iter_population(self.theta, seeds_signs, cfg.sigma, self.dtypes)
+        members = Population(self.theta, seeds_signs, cfg.sigma, cfg.noise_spec, self.dtypes)
+        pop: Members = members if self.population == "stacked" else members.members()
         result = self.evaluate_population(pop, batch, cfg, generator=generator)
         del pop
         # Restore exactly: a sequential evaluator may have loaded members into the model.
@@ -127,7 +130,7 @@ class HFESBackend(ESBackend):
         return result
 
     def apply_update(self, seeds_signs: Sequence[tuple[int, float]], weights: np.ndarray, alpha: float) -> float:
-        norm = apply_update(self.theta, seeds_signs, weights, alpha)
+        norm = apply_update(self.theta, seeds_signs, weights, alpha, self.noise)
         load_theta_into_model(self.model, self.theta)
         return norm
 
@@ -189,7 +192,7 @@ def make_population_evaluator(model: torch.nn.Module, tokenizer: Any, verifier: 
     prompt_chunk bounds how many prompts one generation call holds (memory).
     """
 
-    def evaluate(population: Population, prompt_rows: Sequence[Row], cfg: ESConfig,
+    def evaluate(population: Members, prompt_rows: Sequence[Row], cfg: ESConfig,
                  generator: torch.Generator | None = None) -> FitnessResult:
         gen_fn = generate_fn
         if gen_fn is None:

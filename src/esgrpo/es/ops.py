@@ -10,7 +10,8 @@ Per iteration t, with theta the fp32 master copy of every trainable tensor:
 1. draw N member seeds from a generator seeded by (run seed, t) (antithetic: N/2 seeds, each
    used with +eps and -eps);
 2. member n has theta_n = theta + sign_n * sigma * eps_n, eps_n regenerated in fp32 from
-   (member seed, tensor name), independently per tensor;
+   (member seed, tensor name), independently per tensor: full-rank, or low-rank A B^T / sqrt(r) for
+   2-D tensors (`ESConfig.noise`, `esgrpo.noise.Noise`);
 3. normalise the fitness (z-score, centred rank, or none; rank / none optionally scaled to the
    z-score's sum w^2 = N) into weights w_n;
 4. theta <- theta + alpha / N * sum_n w_n * sign_n * eps_n, accumulated in fp32, applied once.
@@ -27,7 +28,7 @@ import numpy as np
 import torch
 
 from esgrpo.es.settings import NORM_CHUNK_ELEMENTS
-from esgrpo.noise import MASK63, mix_seeds, tensor_noise
+from esgrpo.noise import FULL, MASK63, Noise, Population, mix_seeds
 
 if TYPE_CHECKING:
     from esgrpo.es.settings import ESConfig
@@ -41,14 +42,13 @@ __all__ = [
     "l2_norm",
     "member_seeds",
     "member_weights",
-    "NoiseOf",
-    "noise_sum",
     "normalize_fitness",
     "perturbed_population",
     "prompt_batch",
     "rollout_seed",
     "select_trainable",
     "squared_norm",
+    "StepOf",
     "update_coefficients",
 ]
 
@@ -117,44 +117,21 @@ def member_weights(base: torch.Tensor, eps: torch.Tensor, sign: float, sigma: fl
     return base.add(eps, alpha=sign * sigma)
 
 
-def _seed_groups(seeds_signs: Sequence[SeedSign]) -> dict[int, list[int]]:
-    """Member indices by seed: antithetic partners share one noise draw instead of regenerating it."""
-    groups: dict[int, list[int]] = {}
-    for index, (seed, _) in enumerate(seeds_signs):
-        groups.setdefault(int(seed), []).append(index)
-    return groups
-
-
-@torch.no_grad()
 def perturbed_population(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSign], sigma: float,
-                         dtypes: Mapping[str, torch.dtype] | None = None) -> dict[str, torch.Tensor]:
+                         dtypes: Mapping[str, torch.dtype] | None = None, noise: Noise = FULL) -> dict[str, torch.Tensor]:
     """Stacked member weights ``theta + sign_n * sigma * eps_n``: one [N, *shape] tensor per name.
 
-    For a population-batched evaluator; it costs N x d numbers (cast to `dtypes[name]` if
-    given, e.g. the model's bf16). theta is only read, so nothing needs restoring.
+    The `esgrpo.noise.Population` materialised: N x d numbers (cast to `dtypes[name]` if given,
+    e.g. the model's bf16). The population engine takes the lazy `Population` instead.
     """
-    groups = _seed_groups(seeds_signs)
-    out: dict[str, torch.Tensor] = {}
-    for name, base in theta.items():
-        dtype = (dtypes or {}).get(name, torch.float32)
-        stacked = torch.empty((len(seeds_signs), *base.shape), dtype=dtype, device=base.device)
-        for seed, members in groups.items():
-            eps = tensor_noise(seed, name, base.shape, base.device)
-            for n in members:
-                stacked[n] = member_weights(base, eps, seeds_signs[n][1], sigma)  # cast on write
-        out[name] = stacked
-    return out
+    population = Population(theta, seeds_signs, sigma, noise, dtypes)
+    return {name: population[name] for name in theta}
 
 
 def iter_population(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSign], sigma: float,
-                    dtypes: Mapping[str, torch.dtype] | None = None) -> Iterator[dict[str, torch.Tensor]]:
+                    dtypes: Mapping[str, torch.dtype] | None = None, noise: Noise = FULL) -> Iterator[dict[str, torch.Tensor]]:
     """One member's weights at a time (for a sequential evaluator): d numbers in memory, not N x d."""
-    for seed, sign in seeds_signs:
-        member = {}
-        for name, base in theta.items():
-            eps = tensor_noise(seed, name, base.shape, base.device)
-            member[name] = member_weights(base, eps, sign, sigma).to((dtypes or {}).get(name, torch.float32))
-        yield member
+    return Population(theta, seeds_signs, sigma, noise, dtypes).members()
 
 
 # --------------------------------------------------------------------------- fitness shaping
@@ -229,38 +206,29 @@ def update_coefficients(seeds_signs: Sequence[SeedSign], weights: Sequence[float
     return coefficient
 
 
-@torch.no_grad()
-def noise_sum(shape: Sequence[int], coefficients: Mapping[int, float], noise: Callable[[int], torch.Tensor],
-              device: torch.device | str = "cpu") -> torch.Tensor:
-    """``sum_seed c_seed * noise(seed)`` for one tensor, accumulated in fp32 in the coefficients' order."""
-    total = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
-    for seed, c in coefficients.items():
-        if c != 0.0:
-            total.add_(noise(seed), alpha=c)
-    return total
-
-
-# noise_of(member_seed, name, shape, device) -> fp32 noise of one tensor: `tensor_noise`, or the vLLM
-# layout's noise of a fused tensor (`esgrpo.engines.vllm_layout.fused_noise`)
-NoiseOf = Callable[[int, str, Sequence[int], torch.device], torch.Tensor]
+# step_of(coefficients, name, shape, device) -> sum_seed c_seed * eps_seed of one tensor in fp32:
+# `Noise.weighted_sum`, or the vLLM layout's of a fused tensor (`esgrpo.engines.vllm_layout.fused_weighted_sum`)
+StepOf = Callable[[Mapping[int, float], str, Sequence[int], torch.device], torch.Tensor]
 
 
 @torch.no_grad()
 def apply_update(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSign],
-                 weights: Sequence[float] | np.ndarray, alpha: float, noise_of: NoiseOf = tensor_noise) -> float:
+                 weights: Sequence[float] | np.ndarray, alpha: float, noise: Noise = FULL,
+                 step_of: StepOf | None = None) -> float:
     """``theta += alpha / N * sum_n w_n sign_n eps_n`` in place, one fp32 tensor at a time; returns ||step||.
 
     The noise is regenerated from the seeds (antithetic partners share one draw), summed in fp32
+    (low rank: one matmul of the stacked weighted factors per tensor, `esgrpo.noise.Noise.weighted_sum`)
     and applied once, so small updates are not rounded away. Beside theta it holds one tensor's fp32
-    step and one noise draw (`noise_of`'s own temporaries included), then the norm's float64 chunk
+    step and one noise draw (`step_of`'s own temporaries included), then the norm's float64 chunk
     (`squared_norm`): what `esgrpo.plan.memory.es_update_bytes` counts.
     """
     coefficients = update_coefficients(seeds_signs, weights)
     scale = float(alpha) / len(seeds_signs)
+    step_of = step_of or noise.weighted_sum
     squares = 0.0
     for name, value in theta.items():
-        step = noise_sum(value.shape, coefficients, lambda seed, name=name, value=value: noise_of(
-            seed, name, value.shape, value.device), value.device)
+        step = step_of(coefficients, name, value.shape, value.device)
         step.mul_(scale)  # the step itself, so the returned norm is exactly what was applied
         value.add_(step)
         squares += squared_norm(step)

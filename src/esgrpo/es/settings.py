@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from esgrpo.settings import FieldCheck, SettingsDataclass
 from esgrpo.tasks.rewards import RULES, SCHEMES
 
-__all__ = ["ESConfig", "NORMALIZATIONS", "NORM_CHUNK_ELEMENTS"]
+__all__ = ["ESConfig", "NOISE_KINDS", "NORMALIZATIONS", "NORM_CHUNK_ELEMENTS"]
 
 NORMALIZATIONS = ("zscore", "rank", "none")
+NOISE_KINDS = ("full", "lowrank")  # esgrpo.noise.Noise.kind
 # Elements of one tensor that the float64 norms of the update and of the distance from theta0 take at a
 # time (`esgrpo.es.ops.squared_norm`): a 4M-element chunk's float64 copy and square are 64 MiB, where a
 # whole Qwen3-4B embedding's (389M elements) were 5.8 GiB beside the engine. Here, not in `ops`, so that
@@ -61,6 +62,15 @@ class ESConfig(SettingsDataclass):
                 "the same alpha, every normalization takes steps of the same expected size and only the "
                 "direction differs; z-scores are unchanged. False: the unscaled weights (ranks in [-0.5, 0.5], "
                 "raw uncentred fitness)."})
+    # Low-rank noise (EGGROLL, arXiv 2511.16652): the forward shares x W^T across all members' rows and
+    # adds (x B_n) A_n^T per member, so a population runs near the speed of batch inference
+    # (benchmarks/es_throughput.py); E||eps||^2 = m n still, so the norm theory holds unchanged.
+    noise: str = field(default="full", metadata={
+        "help": f"Member noise, one of {NOISE_KINDS}: full-rank standard normal for every tensor, or low-rank "
+                "eps = A B^T / sqrt(rank) for every 2-D tensor (A, B standard normal, drawn from the member seed "
+                "and the tensor name; 1-D tensors keep full-rank noise)."})
+    rank: int = field(default=1, metadata={
+        "help": "r of low-rank noise (noise: lowrank); ignored for full-rank noise."})
     antithetic: bool = field(default=False, metadata={
         "help": "Mirrored sampling: members come in (+eps, -eps) pairs; needs an even population_size."})
     fitness_temperature: float = field(default=0.0, metadata={
@@ -108,6 +118,21 @@ class ESConfig(SettingsDataclass):
         "help": "Iterations after which the model is also exported (out_dir/snapshots/it{K}/model): the run "
                 "after K iterations is exactly a K-iteration run, so one run gives several budgets."})
 
+    @property
+    def noise_spec(self):
+        """The members' noise, an `esgrpo.noise.Noise` (imported here: this module stays free of torch)."""
+        from esgrpo.noise import Noise
+
+        return Noise(self.noise, self.rank if self.noise == "lowrank" else 1)
+
+    def trajectory_settings(self) -> dict:
+        """As `SettingsDataclass`'s, without the noise keys for full-rank noise: a full-rank run keeps the
+        fingerprint it had before low-rank noise existed (its checkpoints still resume), and its rank is moot."""
+        settings = super().trajectory_settings()
+        if self.noise == "full":
+            settings.pop("noise"), settings.pop("rank")
+        return settings
+
     def __post_init__(self) -> None:
         check = FieldCheck(self)
         check.integer("population_size", 2)
@@ -118,6 +143,8 @@ class ESConfig(SettingsDataclass):
             check.integer("prompts_per_iteration", 1)
         check.boolean("resample_prompts")
         check.boolean("antithetic")
+        check.choice("noise", NOISE_KINDS)
+        check.integer("rank", 1)
         check.choice("normalization", NORMALIZATIONS)
         check.boolean("unit_rms_weights")
         if self.antithetic and self.population_size % 2:

@@ -54,6 +54,7 @@ from esgrpo.engines.vllm_engine import (
 from esgrpo.engines.vllm_layout import (
     config_value,
     fused_noise,
+    fused_weighted_sum,
     is_fused,
     read_fused,
     unfuse_items,
@@ -219,7 +220,8 @@ class ESWorkerExtension:
         """theta += alpha / N * sum_n w_n sign_n eps_n (fp32), then weights <- theta. Returns ||step||."""
         config = self._es_hf_config()
         norm = apply_update(self._es_theta, [(int(s), float(g)) for s, g in seeds_signs], weights, alpha,
-                            lambda seed, name, shape, device: fused_noise(seed, name, shape, config, device))
+                            step_of=lambda coefficients, name, shape, device: fused_weighted_sum(
+                                coefficients, name, shape, config, device))
         self.es_restore()
         return norm
 
@@ -490,6 +492,15 @@ def export_hf_checkpoint(pool: VLLMESPool, model_ref: str, out_dir: str | os.Pat
 # --------------------------------------------------------------------------- the backend
 
 
+# Why es.backend vllm refuses ESConfig.noise = lowrank (vLLM 0.31, read in its source: vllm/lora/):
+LOWRANK_ON_VLLM = (
+    "ESConfig.noise 'lowrank' is not supported on es.backend vllm: serving members as LoRA adapters would need "
+    "(1) LoRA on lm_head, which vLLM 0.31 does not replace (LogitsProcessorWithLoRA.can_replace_layer is False), "
+    "so a tied embedding / lm_head cannot carry a member's A B^T; (2) the members' full-rank noise on 1-D "
+    "tensors (norm weights, biases), which no adapter holds; (3) N adapters per iteration written to disk in "
+    "PEFT layout (LoRARequest takes a lora_path). Run low-rank ES on es.backend hf, or full-rank noise on vllm.")
+
+
 class VLLMESBackend(ESBackend):
     """The pool as the ES trainer's backend (`es.backend: vllm`).
 
@@ -510,6 +521,8 @@ class VLLMESBackend(ESBackend):
         self.reward_fn, self.export_dtype, self.entropy_topk = reward_fn, export_dtype, int(entropy_topk)
 
     def start(self, cfg: ESConfig) -> BackendStart:
+        if cfg.noise != "full":
+            raise ValueError(LOWRANK_ON_VLLM)
         # The engines loaded the start model themselves: its reference names the start.
         return BackendStart(parameters=int(self.pool.rpc_one("es_parameter_count")),
                             tensors=len(self.pool.rpc_one("es_shapes")), identity={"model": self.model_ref})
