@@ -1,26 +1,35 @@
-"""ES rollout throughput: N separate `model.generate` calls vs one population-batched generator.
+"""ES rollout throughput: the population engine (full-rank and low-rank members) against one `generate`
+per member and against batch inference of the unperturbed model, on the same N x B sequences.
 
-    python benchmarks/es_throughput.py [--quick] [--threads 1,2] [--members 16] [--repeats 3]
+    python benchmarks/es_throughput.py [--shapes small,4M,smollm2] [--members 4,16] [--prompts 8,16]
+        [--prompt-len 40] [--new 32] [--rank 4] [--threads 1] [--repeats 1] [--device cpu|cuda] [--quick]
 
-For each torch thread count, in this one process: dense fp32 matmul FLOP/s (a 2048^3 `torch.mm`
-after warm-up), then for a ~0.2M and a ~4M parameter random Llama, N members (theta + sigma *
-eps_n) on B left-padded prompts of ~20 tokens, greedy, a fixed number of new tokens (no EOS, so
-both paths generate exactly the same number of tokens):
-  (a) `sequential_generate`  - load each member's weights, call `model.generate` (public ES code's shape)
-  (b) `population_generate`  - all members in one batched forward per step
-It prints generated tokens/s of each, the ratio b/a, whether (a) and (b) emitted identical
-tokens, and the model FLOP/s each achieved as a fraction of the measured matmul FLOP/s.
+In this one process: dense fp32 matmul FLOP/s (a 2048^3 mm after warm-up; re-measured at the end),
+then for each random model shape (`SHAPES`: a ~0.2M and a ~4M Llama, SmolLM2-135M-Instruct's shape, and
+1B-class shapes for a GPU) and each N x B: N members theta + sigma * eps_n on B left-padded prompts of
+~T tokens, greedy, `--new` tokens each (no EOS: every path generates exactly N x B x new tokens):
+  (a) full-rank population    - `population_generate` on an `esgrpo.noise.Population` (full-rank noise)
+  (b) one generate per member - `sequential_generate`: load member n's weights, `model.generate` (public ES code)
+  (c) low-rank population     - the same with rank-`--rank` noise (A B^T / sqrt(r), `esgrpo.noise`)
+  (d) batch inference         - the unperturbed model, all N x B sequences in ONE `model.generate` call
+  (e) engine batch inference  - the population engine on the unperturbed model, N x B rows (its own bound)
+Each path's time includes building its members from theta and the seeds (noise generation: (a), (b),
+(c)); (d) and (e) have no members to build. Printed per path: generated tokens/s, model GFLOP/s and that
+as a share of the measured matmul, and the fraction of (d)'s tokens/s; then the identical-token checks
+where the maths is the same: (a) vs (b) (the same full-rank members), (c) vs (b) run on the first two
+low-rank members (dense A B^T), (e) vs (d).
 
-Model FLOPs count what a forward of every processed position needs: 2 * (decoder-layer params)
-per position (prompt positions included, pad positions too: both paths compute them), 2 * V * H
-for each next-token logit row, and 4 * context * heads * head_dim per layer and position for
-attention (causal context). Timings are the best of `--repeats` runs (other processes share the
-CPUs; the minimum is the least disturbed run) and include preparing/loading member weights.
+Model FLOPs count what a forward of every processed position needs: 2 * (decoder-layer params) per
+position (prompt positions included, pad positions too: every path computes them), 2 * V * H for each
+next-token logit row, and 4 * context * heads * head_dim per layer and position for attention (causal
+context); the same count for every path. Timings are the best of `--repeats` runs, wall and this
+process's CPU time (other processes share the CPUs here; ratios are given for both).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -32,10 +41,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from esgrpo.engines.population import population_generate, sequential_generate  # noqa: E402
-from esgrpo.models.fingerprint import matmul_gflops  # noqa: E402
+from esgrpo.noise import Noise, Population  # noqa: E402
 
 
-@dataclass
+@dataclass(frozen=True)
 class Shape:
     name: str
     hidden: int
@@ -45,21 +54,32 @@ class Shape:
     intermediate: int
     vocab: int
     tie: bool
+    kind: str = "llama"  # "qwen2": q/k/v biases
 
 
-SMALL = Shape("small", hidden=64, layers=3, heads=4, kv_heads=2, intermediate=192, vocab=400, tie=False)
-LARGE = Shape("4M", hidden=256, layers=4, heads=4, kv_heads=2, intermediate=1024, vocab=400, tie=False)
+SHAPES = {s.name: s for s in (
+    Shape("small", hidden=64, layers=3, heads=4, kv_heads=2, intermediate=192, vocab=400, tie=False),
+    Shape("4M", hidden=256, layers=4, heads=4, kv_heads=2, intermediate=1024, vocab=400, tie=False),
+    # HuggingFaceTB/SmolLM2-135M-Instruct's config.json
+    Shape("smollm2", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536, vocab=49152, tie=True),
+    # meta-llama/Llama-3.2-1B and Qwen/Qwen2.5-1.5B-Instruct's config.json (for a GPU: ~5-6 GB per fp32 member)
+    Shape("llama1b", hidden=2048, layers=16, heads=32, kv_heads=8, intermediate=8192, vocab=128256, tie=True),
+    Shape("qwen1.5b", hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab=151936, tie=True,
+          kind="qwen2"),
+)}
 
 
-def build(shape: Shape, seed: int = 0) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def build(shape: Shape, device: str, seed: int = 0) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-    config = LlamaConfig(vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
-                         num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
-                         intermediate_size=shape.intermediate, tie_word_embeddings=shape.tie,
-                         max_position_embeddings=256, bos_token_id=None, eos_token_id=None, pad_token_id=0)
+    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if shape.kind == "qwen2" else (LlamaConfig,
+                                                                                             LlamaForCausalLM)
+    config = config_cls(vocab_size=shape.vocab, hidden_size=shape.hidden, num_hidden_layers=shape.layers,
+                        num_attention_heads=shape.heads, num_key_value_heads=shape.kv_heads,
+                        intermediate_size=shape.intermediate, tie_word_embeddings=shape.tie,
+                        max_position_embeddings=512, bos_token_id=None, eos_token_id=None, pad_token_id=0)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = model_cls(config).to(device).eval()
     # A larger init than 0.02 gives logits with real gaps, as in a trained model: float-rounding
     # near-ties (which could flip an argmax between two correct implementations) become rare.
     with torch.no_grad():
@@ -69,13 +89,7 @@ def build(shape: Shape, seed: int = 0) -> torch.nn.Module:
     return model
 
 
-def members(model: torch.nn.Module, n: int, sigma: float, seed: int = 1) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    return {name: p.detach()[None] + sigma * torch.randn((n, *p.shape), generator=g)
-            for name, p in model.named_parameters()}
-
-
-def prompts(batch: int, length: int, vocab: int, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+def prompts(batch: int, length: int, vocab: int, device: str, seed: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded prompts of lengths length-6 .. length."""
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(1, vocab, (batch, length), generator=g)
@@ -83,7 +97,7 @@ def prompts(batch: int, length: int, vocab: int, seed: int = 2) -> tuple[torch.T
     for b in range(batch):
         pad = int(torch.randint(0, 7, (1,), generator=g))
         ids[b, :pad], mask[b, :pad] = 0, 0
-    return ids, mask
+    return ids.to(device), mask.to(device)
 
 
 def model_flops(model: torch.nn.Module, mask: torch.Tensor, n: int, new: int) -> float:
@@ -94,17 +108,33 @@ def model_flops(model: torch.nn.Module, mask: torch.Tensor, n: int, new: int) ->
     b, t = mask.shape
     positions = b * (t + new - 1)
     flops = 2.0 * layer_params * positions + 2.0 * c.vocab_size * c.hidden_size * b * new
-    real = mask.sum(-1).double()
+    real = mask.sum(-1).double().cpu()
     ctx = (real * (real + 1) / 2).sum() + sum((real + j + 1).sum() for j in range(new - 1))
     flops += 4.0 * c.num_hidden_layers * heads * hd * float(ctx)
     return n * flops
 
 
-def matmul_flops(seconds: float = 1.0) -> float:
-    return matmul_gflops(size=2048, seconds=seconds) * 1e9
+def matmul_gflops(device: str, size: int = 2048, seconds: float = 1.0) -> float:
+    """Best fp32 throughput of one size^3 matmul on `device` (TF32 off on CUDA: the engine computes in fp32)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    torch.mm(a, b)
+    best, end = float("inf"), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        _sync(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best / 1e9
 
 
-def best_of(fn, repeats: int) -> tuple[float, float, object]:
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def best_of(fn, repeats: int, device: str) -> tuple[float, float, object]:
     """Best wall time and best CPU time (this process) over `repeats` runs, and the last output.
 
     CPU time is reported too because other processes share the CPUs here: it leaves out the time
@@ -112,60 +142,107 @@ def best_of(fn, repeats: int) -> tuple[float, float, object]:
     """
     wall, cpu, out = float("inf"), float("inf"), None
     for _ in range(repeats):
+        out = None
+        gc.collect()
+        _sync(device)
         w, c = time.perf_counter(), time.process_time()
         out = fn()
+        _sync(device)
         wall, cpu = min(wall, time.perf_counter() - w), min(cpu, time.process_time() - c)
     return wall, cpu, out
 
 
-def run(shape: Shape, n: int, batch: int, length: int, new: int, repeats: int, peak: float) -> dict:
-    model = build(shape)
-    stacked = members(model, n, sigma=0.01)
-    ids, mask = prompts(batch, length, shape.vocab)
-    args = (ids, mask, new, None, 0)  # eos None: never stop, both paths emit exactly `new` tokens
+def same_rows(a: torch.Tensor, b: torch.Tensor) -> str:
+    """'k/n' sequences token-identical (a and b: [..., L])."""
+    same = int((a.cpu() == b.cpu()).all(-1).sum())
+    total = a[..., 0].numel()
+    return f"{same}/{total}" + ("" if same == total else "  <-- differ")
+
+
+def run(shape: Shape, n: int, batch: int, args: argparse.Namespace, peak: float) -> dict:
+    device, new = args.device, args.new
+    model = build(shape, device)
+    theta = {name: p.detach().clone() for name, p in model.named_parameters()}
+    seeds = [(1000 + i, 1.0) for i in range(n)]
+    full, low = Noise(), Noise("lowrank", args.rank)
+    ids, mask = prompts(batch, args.prompt_len, shape.vocab, device)
+    gen = (new, None, 0)  # eos None: never stop, every path emits exactly `new` tokens
+    wide_ids, wide_mask = ids.repeat(n, 1), mask.repeat(n, 1)
+
+    def hf_batch():
+        out = model.generate(input_ids=wide_ids, attention_mask=wide_mask, max_new_tokens=new, do_sample=False,
+                             eos_token_id=None, pad_token_id=0)
+        return out[:, ids.shape[1]:].reshape(n, batch, new)
+
+    paths = {
+        "(a) full-rank population": lambda: population_generate(model, Population(theta, seeds, 0.01, full), ids,
+                                                                 mask, *gen).tokens,
+        "(b) one generate per member": lambda: sequential_generate(model, Population(theta, seeds, 0.01, full), ids,
+                                                                    mask, *gen).tokens,
+        f"(c) low-rank r={args.rank} population": lambda: population_generate(
+            model, Population(theta, seeds, 0.01, low), ids, mask, *gen).tokens,
+        "(d) batch inference (generate)": hf_batch,
+        "(e) engine batch inference": lambda: population_generate(model, None, wide_ids, wide_mask, *gen).tokens.view(
+            n, batch, new),
+    }
+    chosen = {k: v for k, v in paths.items() if k[1] in args.paths}
+    population_generate(model, Population(theta, seeds[:1], 0.01, low), ids[:2], mask[:2], 2, None, 0)  # warm-up
     params = sum(p.numel() for p in model.parameters())
-    population_generate(model, stacked, *args)  # warm-up (allocator, MKL)
-    sequential_generate(model, stacked, ids[:2], mask[:2], 2, None, 0)
-    t_seq, c_seq, seq = best_of(lambda: sequential_generate(model, stacked, *args), repeats)
-    t_pop, c_pop, pop = best_of(lambda: population_generate(model, stacked, *args), repeats)
-    tokens = n * batch * new
-    same = int((seq.tokens == pop.tokens).all(-1).sum())
     flops = model_flops(model, mask, n, new)
-    print(f"  {shape.name:>5} ({params / 1e6:.2f}M params, hidden {shape.hidden}, {shape.layers} layers): "
-          f"N={n} B={batch} T={length} new={new}")
-    for tag, t, c in (("(a) sequential generate", t_seq, c_seq), ("(b) population batched ", t_pop, c_pop)):
-        print(f"    {tag}: {tokens / t:9.0f} tok/s  {t:7.3f} s wall ({c:7.3f} s cpu)  "
-              f"{flops / t / 1e9:6.1f} GFLOP/s = {flops / t / peak:5.1%} of matmul")
-    print(f"    b/a = {t_seq / t_pop:.2f}x wall ({c_seq / c_pop:.2f}x cpu); identical token sequences: "
-          f"{same}/{n * batch}{'' if same == n * batch else '  <-- MISMATCH'}")
-    return {"ratio": t_seq / t_pop, "fraction": flops / t_pop / peak, "same": same == n * batch}
+    tokens = n * batch * new
+    print(f"  {shape.name} ({params / 1e6:.1f}M params, hidden {shape.hidden}, {shape.layers} layers): "
+          f"N={n} B={batch} T={args.prompt_len} new={new}", flush=True)
+    results = {}
+    for tag, fn in chosen.items():
+        results[tag] = best_of(fn, args.repeats, device)
+        gc.collect()
+    ref = next((v for k, v in results.items() if k.startswith("(d)")), None)
+    for tag, (wall, cpu, _) in results.items():
+        vs = "" if ref is None else f"  = {ref[0] / wall:4.2f} of (d) wall, {ref[1] / cpu:4.2f} cpu"
+        print(f"    {tag:34s} {tokens / wall:8.1f} tok/s  {wall:7.2f} s wall ({cpu:7.2f} s cpu)  "
+              f"{flops / wall / 1e9:6.1f} GFLOP/s = {flops / wall / peak:5.1%} of matmul{vs}", flush=True)
+    times = {k[:3]: v for k, v in results.items()}
+    if "(a)" in times and "(b)" in times:
+        print(f"    (a)/(b) = {times['(b)'][0] / times['(a)'][0]:.2f}x wall ({times['(b)'][1] / times['(a)'][1]:.2f}x "
+              f"cpu); identical tokens (a) vs (b): {same_rows(times['(a)'][2], times['(b)'][2])}")
+    if "(c)" in times:
+        rows = torch.arange(min(2, n))
+        check = sequential_generate(model, Population(theta, seeds, 0.01, low), ids, mask, *gen, member_rows=rows)
+        print(f"    identical tokens (c) vs one generate per low-rank member (members 0-{len(rows) - 1}): "
+              f"{same_rows(times['(c)'][2][rows], check.tokens)}")
+    if "(d)" in times and "(e)" in times:
+        print(f"    identical tokens (e) vs (d): {same_rows(times['(e)'][2], times['(d)'][2])}")
+    del model, theta
+    gc.collect()
+    return {k: tokens / v[0] for k, v in times.items()}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="one repeat, 1 thread, smaller population")
-    parser.add_argument("--threads", default="1,2", help="comma-separated torch thread counts")
-    parser.add_argument("--members", type=int, default=16)
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--prompt-len", type=int, default=20)
-    parser.add_argument("--new", type=int, default=24)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--models", default="small,4M")
+    parser.add_argument("--shapes", default="small,4M,smollm2", help=f"comma-separated, of {sorted(SHAPES)}")
+    parser.add_argument("--members", default="4,16", help="comma-separated population sizes N")
+    parser.add_argument("--prompts", default="8,16", help="comma-separated prompt counts B")
+    parser.add_argument("--prompt-len", type=int, default=40)
+    parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--rank", type=int, default=4)
+    parser.add_argument("--paths", default="abcde", help="letters of the paths to run")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="small and 4M only, N=4, B=8, 16 new tokens")
     args = parser.parse_args()
-    threads = [int(x) for x in args.threads.split(",")]
-    repeats, n = args.repeats, args.members
     if args.quick:
-        threads, repeats, n = threads[:1], 1, min(n, 8)
-    shapes = [s for s in (SMALL, LARGE) if s.name in args.models.split(",")]
-    print(f"torch {torch.__version__}, cpus {os.cpu_count()}, load average {os.getloadavg()}")
-    for k in threads:
-        torch.set_num_threads(k)
-        peak = matmul_flops()
-        print(f"threads={k}: dense fp32 matmul (2048^3 mm) {peak / 1e9:.1f} GFLOP/s")
-        for shape in shapes:
-            run(shape, n, args.prompts, args.prompt_len, args.new, repeats, peak)
-        print(f"  matmul re-measured after: {matmul_flops() / 1e9:.1f} GFLOP/s; "
-              f"load average {os.getloadavg()}")
+        args.shapes, args.members, args.prompts, args.new = "small,4M", "4", "8", 16
+    torch.set_num_threads(args.threads)
+    peak = matmul_gflops(args.device) * 1e9
+    print(f"torch {torch.__version__}, device {args.device}, threads {args.threads}, cpus {os.cpu_count()}, "
+          f"load average {os.getloadavg()}")
+    print(f"dense fp32 matmul (2048^3 mm): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    for name in args.shapes.split(","):
+        for n in (int(x) for x in args.members.split(",")):
+            for b in (int(x) for x in args.prompts.split(",")):
+                run(SHAPES[name], n, b, args, peak)
+    print(f"matmul re-measured after: {matmul_gflops(args.device):.1f} GFLOP/s; load average {os.getloadavg()}")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ from esgrpo.es.ops import (
 )
 from esgrpo.es.settings import NORM_CHUNK_ELEMENTS, ESConfig
 from esgrpo.io import read_jsonl
-from esgrpo.noise import stable_name_hash, tensor_noise
+from esgrpo.noise import Noise, Population, lowrank_factors, stable_name_hash, tensor_noise
 
 torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parent
@@ -123,6 +123,71 @@ def test_noise_is_per_tensor_reproducible_and_per_member():
 def test_name_hash_is_not_pythons_salted_hash():
     expected = int.from_bytes(hashlib.blake2b(b"lm_head.weight", digest_size=8).digest(), "little")
     assert stable_name_hash("lm_head.weight") == expected  # a pure function of the name's bytes
+
+
+def test_lowrank_noise_is_a_b_over_sqrt_r_of_one_draw_with_unit_variance():
+    name = "model.layers.0.mlp.up_proj.weight"
+    for rank in (1, 4):
+        noise = Noise("lowrank", rank)
+        a, b = lowrank_factors(7, name, (48, 32), rank)
+        assert a.shape == (48, rank) and b.shape == (32, rank)
+        eps = noise.dense(7, name, (48, 32))
+        torch.testing.assert_close(eps, a @ b.T / math.sqrt(rank), rtol=0, atol=1e-6)
+        assert torch.equal(eps, noise.dense(7, name, (48, 32)))  # a pure function of (seed, name)
+        assert not torch.equal(eps, noise.dense(8, name, (48, 32)))
+        assert not torch.equal(eps, noise.dense(7, name.replace("up", "gate"), (48, 32)))
+        assert torch.linalg.matrix_rank(eps) == rank
+        # E ||eps||_F^2 = m n, as for full-rank noise (so the norm theory carries over)
+        mean_sq = np.mean([float(noise.dense(s, name, (48, 32)).pow(2).sum()) for s in range(400)])
+        assert mean_sq == pytest.approx(48 * 32, rel=0.05)
+    # the factors are the first m and last n rows of one draw from the full-rank generator of (seed, name)
+    assert torch.equal(torch.cat(lowrank_factors(7, name, (48, 32), 3)), tensor_noise(7, name, (80, 3)))
+    # 1-D tensors keep full-rank noise
+    assert torch.equal(Noise("lowrank", 4).dense(7, "model.norm.weight", (32,)), tensor_noise(7, "model.norm.weight", (32,)))
+    with pytest.raises(ValueError, match="rank"):
+        Noise("lowrank", 0)
+    with pytest.raises(ValueError, match="lowrank"):
+        Noise("sparse")
+
+
+def test_lowrank_population_members_and_factors_agree():
+    model = tiny_llama()
+    theta = theta_from_model(model, trainable_names(model, ["*"]))
+    seeds = member_seeds(0, 0, 4, antithetic=True)
+    pop = Population(theta, seeds, 0.1, Noise("lowrank", 2))
+    stacked = perturbed_population(theta, seeds, 0.1, noise=Noise("lowrank", 2))
+    for name, value in theta.items():
+        for n, member in enumerate(pop.members()):
+            assert torch.equal(member[name], stacked[name][n])
+        if value.dim() == 2:
+            a, b = pop.factors(name)  # A scaled by sign sigma / sqrt(r): member n = theta + A_n B_n^T
+            torch.testing.assert_close(stacked[name], value + a @ b.transpose(1, 2), rtol=0, atol=1e-6)
+            assert torch.linalg.matrix_rank(stacked[name][0] - value) == 2
+        else:
+            seed, sign = seeds[0]
+            assert torch.equal(stacked[name][0], value.add(tensor_noise(seed, name, value.shape), alpha=sign * 0.1))
+    assert "lm_head.weight" in pop and "not.a.tensor" not in pop
+
+
+def test_rank1_update_of_one_member_is_the_direct_a_b_transpose():
+    """theta += alpha / N * sum_n w_n sign_n A_n B_n^T / sqrt(r): with one nonzero weight and r = 1 the step is
+    alpha / N * w * a b^T, here computed directly from the member's factors."""
+    name, shape = "model.layers.0.mlp.down_proj.weight", (24, 40)
+    theta = {name: torch.zeros(shape), "model.norm.weight": torch.zeros(24)}
+    seeds, w, alpha = [(11, -1.0), (12, 1.0), (13, 1.0)], [0.7, 0.0, 0.0], 0.3
+    norm = apply_update(theta, seeds, w, alpha, Noise("lowrank", 1))
+    a, b = lowrank_factors(11, name, shape, 1)
+    direct = alpha / 3 * 0.7 * -1.0 * (a[:, 0][:, None] * b[:, 0][None, :])
+    torch.testing.assert_close(theta[name], direct, rtol=1e-6, atol=0)
+    torch.testing.assert_close(theta["model.norm.weight"], alpha / 3 * -0.7 * tensor_noise(11, "model.norm.weight", (24,)))
+    assert norm == pytest.approx(math.sqrt(float(direct.double().pow(2).sum() + theta["model.norm.weight"].double()
+                                                 .pow(2).sum())), rel=1e-6)
+    # rank 4 and several members: the one matmul of stacked weighted factors is the sum of the members' noise
+    theta4 = {name: torch.zeros(shape)}
+    w4 = [0.5, -1.25, 2.0]
+    apply_update(theta4, seeds, w4, alpha, Noise("lowrank", 4))
+    want = sum(wi * sg * Noise("lowrank", 4).dense(sd, name, shape) for (sd, sg), wi in zip(seeds, w4, strict=True))
+    torch.testing.assert_close(theta4[name], alpha / 3 * want, rtol=1e-5, atol=1e-7)
 
 
 def test_member_seeds_deterministic_per_iteration_and_antithetic_pairs():
@@ -255,12 +320,25 @@ def test_unit_rms_update_norms_equal_on_orthogonal_noise():
     ({"trainable": []}, "trainable"),
     ({"seed": -3}, "seed"),
     ({"prompts_per_iteration": 0}, "prompts_per_iteration"),
+    ({"noise": "sparse"}, "noise"),
+    ({"noise": "lowrank", "rank": 0}, "rank"),
+    ({"rank": 2.5}, "rank"),
 ])
 def test_bad_settings_name_the_field(changes, field):
     with pytest.raises(ValueError, match=field):
         ESConfig(**changes)
     with pytest.raises(ValueError, match=field):
         ESConfig.from_dict(changes)
+
+
+def test_full_rank_runs_keep_their_fingerprint_and_low_rank_ones_differ_by_rank():
+    full = ESConfig().trajectory_settings()
+    assert "noise" not in full and "rank" not in full  # as before low-rank noise existed: checkpoints resume
+    assert ESConfig(rank=4).trajectory_settings() == full  # the rank of full-rank noise is moot
+    low = ESConfig(noise="lowrank", rank=4).trajectory_settings()
+    assert low["noise"] == "lowrank" and low["rank"] == 4
+    assert ESConfig(noise="lowrank", rank=4).noise_spec == Noise("lowrank", 4)
+    assert ESConfig(rank=4).noise_spec == Noise()
 
 
 def test_unknown_normalization_lists_allowed_values_and_unknown_keys_are_named():
@@ -492,7 +570,7 @@ def test_a_bf16_model_takes_its_master_from_the_fp32_checkpoint(tmp_path):
 # --------------------------------------------------------------------------- checkpoints and resume
 
 
-def _kill_resume_job(out_dir: str, progress_dir: str, iterations: int, sleep_s: float) -> dict:
+def _kill_resume_job(out_dir: str, progress_dir: str, iterations: int, sleep_s: float, noise: str = "full") -> dict:
     """The run the kill test repeats: the same model, data and evaluator in every process."""
     torch.set_num_threads(1)
     model = tiny_llama(layers=2, seed=3)
@@ -506,16 +584,17 @@ def _kill_resume_job(out_dir: str, progress_dir: str, iterations: int, sleep_s: 
         return FitnessResult(fitness=result.fitness + noise, generated_tokens=result.generated_tokens)
 
     cfg = ESConfig(population_size=6, sigma=0.02, alpha=0.01, iterations=iterations, checkpoint_every=2,
-                   prompts_per_iteration=3, resample_prompts=True, seed=5)
+                   prompts_per_iteration=3, resample_prompts=True, seed=5, noise=noise, rank=2)
     return run_es(model, None, ROWS, cfg, slow, out_dir, progress_dir, log=lambda s: None)
 
 
-def test_sigkill_then_resume_gives_identical_weights(tmp_path):
+@pytest.mark.parametrize("noise", ["full", "lowrank"])
+def test_sigkill_then_resume_gives_identical_weights(tmp_path, noise):
     # the uninterrupted reference, in this process
-    _kill_resume_job(str(tmp_path / "ref"), str(tmp_path / "ref_prog"), 6, 0.0)
+    _kill_resume_job(str(tmp_path / "ref"), str(tmp_path / "ref_prog"), 6, 0.0, noise)
     out, prog = tmp_path / "run", tmp_path / "run_prog"
     code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); from test_es import _kill_resume_job; "
-            f"_kill_resume_job({str(out)!r}, {str(prog)!r}, 6, 0.4)")
+            f"_kill_resume_job({str(out)!r}, {str(prog)!r}, 6, 0.4, {noise!r})")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent / "src")}
     child = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
     deadline, appended = time.time() + 120, 0
@@ -535,8 +614,9 @@ def test_sigkill_then_resume_gives_identical_weights(tmp_path):
     killed_rows = read_jsonl(out / "metrics.jsonl")
     assert 3 <= len(killed_rows) < 6  # rows past the last checkpoint were on disk
     assert json.loads((prog / LOCK_NAME).read_text())["pid"] == child.pid  # its lock outlived it ...
-    summary = _kill_resume_job(str(out), str(prog), 6, 0.0)
+    summary = _kill_resume_job(str(out), str(prog), 6, 0.0, noise)
     assert summary["resumed_from"] in (2, 4)
+    assert summary["config"]["noise"] == noise
     assert not (prog / LOCK_NAME).exists()  # ... was taken over (a dead pid on this host) and given back
     ref, got = saved_weights(tmp_path / "ref"), saved_weights(out)
     assert ref.keys() == got.keys()
@@ -674,6 +754,23 @@ def test_update_norm_follows_alpha_sqrt_t_d_over_n(tmp_path):
         assert r["update_norm"] == pytest.approx(1e-3 * math.sqrt(d / 8), rel=0.05)
         assert r["distance_from_init"] == pytest.approx(1e-3 * math.sqrt(r["iteration"] * d / 8), rel=0.05)
     assert rows[-1]["distance_from_init"] == pytest.approx(summary["theory_distance"], rel=0.03)
+
+
+@pytest.mark.parametrize("rank", [1, 4])
+def test_lowrank_update_norm_follows_alpha_sqrt_t_d_over_n(tmp_path, rank):
+    """E||A B^T / sqrt(r)||^2 = m n: the low-rank walk has the full-rank norm theory, over several runs."""
+    model = tiny_llama(hidden=32, layers=2)
+    d = sum(p.numel() for p in model.parameters())
+    ratios = []
+    for seed in range(3):
+        cfg = ESConfig(population_size=8, sigma=1e-3, alpha=1e-3, iterations=20, checkpoint_every=0, seed=seed,
+                       noise="lowrank", rank=rank)
+        summary = run_es(model, None, ROWS, cfg, random_evaluator, tmp_path / f"o{seed}", tmp_path / f"p{seed}",
+                         log=lambda s: None)
+        assert summary["updates"] == 20
+        ratios.append(summary["distance_from_init"] / summary["theory_distance"])
+    assert all(abs(r - 1) < 0.05 for r in ratios), ratios
+    assert summary["theory_distance"] == pytest.approx(1e-3 * math.sqrt(20 * d / 8))
 
 
 def test_es_improves_a_quadratic_objective_on_chosen_tensors_only(tmp_path):

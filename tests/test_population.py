@@ -20,6 +20,7 @@ from transformers import (  # noqa: E402
 )
 
 from esgrpo.engines import population as pop  # noqa: E402
+from esgrpo.engines import population_weights as pw_module  # noqa: E402
 from esgrpo.engines.population import (  # noqa: E402
     PopulationWeights,
     population_generate,
@@ -27,6 +28,7 @@ from esgrpo.engines.population import (  # noqa: E402
     sequential_generate,
     stack_members,
 )
+from esgrpo.noise import Noise, Population  # noqa: E402
 
 torch.set_num_threads(1)
 
@@ -281,3 +283,68 @@ def test_unsupported_models_are_refused():
     model = GPT2LMHeadModel(GPT2Config(vocab_size=16, n_embd=8, n_layer=1, n_head=2)).eval()
     with pytest.raises(NotImplementedError):
         population_generate(model, None, torch.ones(1, 2, dtype=torch.long), None, 2, None, 0)
+
+
+# --------------------------------------------------------------------------- members from a Population
+
+
+def population_of(model: torch.nn.Module, noise: Noise, n: int = 4, sigma: float = 0.05, dtypes=None) -> Population:
+    theta = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return Population(theta, [(21, 1.0), (21, -1.0), (22, 1.0), (23, -1.0)][:n], sigma, noise, dtypes)
+
+
+@pytest.mark.parametrize("kind, tie", [("llama", True), ("llama", False), ("qwen2", False)])
+@pytest.mark.parametrize("rank", [1, 3])
+def test_lowrank_members_equal_one_generate_call_per_dense_member(kind, tie, rank):
+    """The shared-matrix forward (x W^T for all rows + (x B_n) A_n^T per member) is the dense member's maths."""
+    model = tiny_model(tie, kind)
+    members = population_of(model, Noise("lowrank", rank))
+    ids, mask = left_padded()
+    got = population_generate(model, members, ids, mask, NEW, None, PAD)
+    assert_same(got, sequential_generate(model, members, ids, mask, NEW, None, PAD))
+    assert not torch.equal(got.tokens[0], got.tokens[1])  # antithetic partners differ
+    assert_same(got, population_generate(model, dict(members.items()), ids, mask, NEW, None, PAD))
+
+
+def test_full_rank_population_is_the_stacked_members_bit_for_bit():
+    model = tiny_model(True)
+    members = population_of(model, Noise())
+    ids, mask = left_padded()
+    got = population_generate(model, members, ids, mask, NEW, None, PAD)
+    assert_same(got, population_generate(model, dict(members.items()), ids, mask, NEW, None, PAD), tol=0)
+    assert_same(got, sequential_generate(model, members, ids, mask, NEW, None, PAD))
+    # a bf16 model's members are rounded to bf16 as stacking them would
+    half = population_of(model, Noise(), dtypes={n: torch.bfloat16 for n, _ in model.named_parameters()})
+    assert_same(population_generate(model, half, ids, mask, NEW, None, PAD),
+                population_generate(model, dict(half.items()), ids, mask, NEW, None, PAD), tol=0)
+
+
+@pytest.mark.parametrize("noise", [Noise(), Noise("lowrank", 2)])
+def test_packed_layouts_give_the_bmm_layouts_tokens(monkeypatch, noise):
+    if not pw_module.packing_available(torch.device("cpu")):
+        pytest.skip("this torch build has no oneDNN packed linear")
+    model = tiny_model(False, "qwen2")
+    members = population_of(model, noise)
+    ids, mask = left_padded()
+    stacked = population_generate(model, members, ids, mask, NEW, None, PAD)
+    monkeypatch.setattr(pw_module, "PACK_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(pw_module, "SHARED_PACK_MIN_ELEMENTS", 1)
+    prepared = prepare_population(model, members, rows=4)
+    assert all(layer.gu.packed and layer.o.packed for layer in prepared.layers) and prepared.head.packed
+    assert prepared.layers[0].qkv.shared == (noise.kind == "lowrank")
+    assert_same(population_generate(model, prepared, ids, mask, NEW, None, PAD), stacked)
+
+
+def test_full_rank_members_run_in_memory_bounded_groups(monkeypatch):
+    model = tiny_model(True)
+    members = population_of(model, Noise())
+    ids, mask = left_padded()
+    whole = population_generate(model, members, ids, mask, NEW, None, PAD)
+    per_member = pw_module.member_bytes(pw_module.arch_of(model))
+    monkeypatch.setattr(pop, "GROUP_BYTES", 2 * per_member)
+    groups = pop.member_groups(model, members, None)
+    assert [g.tolist() for g in groups] == [[0, 1], [2, 3]]  # even sizes: antithetic partners together
+    assert_same(population_generate(model, members, ids, mask, NEW, None, PAD), whole, tol=0)
+    monkeypatch.setattr(pop, "GROUP_BYTES", 1)
+    assert [g.tolist() for g in pop.member_groups(model, members, torch.tensor([3, 1, 0]))] == [[3, 1], [0]]
+    assert pop.member_groups(model, population_of(model, Noise("lowrank", 2)), None) == [None]  # shares its weights

@@ -146,6 +146,9 @@ class Population(Mapping):
     def __iter__(self) -> Iterator[str]:
         return iter(self.theta)
 
+    def __contains__(self, name: object) -> bool:  # Mapping's default would build the members to find out
+        return name in self.theta
+
     def __getitem__(self, name: str) -> Tensor:
         return self.stacked(name).to(self.dtypes.get(name, torch.float32))
 

@@ -413,16 +413,17 @@ def sequential_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
     """The baseline: load each member's weights into `model` and call ``model.generate`` once per member.
 
     Same arguments and output as `population_generate` (the structure of public ES code, and the
-    reference the tests hold the batched engine to). The model's own weights are restored from a
+    reference the tests hold the batched engine to); a `Population` is built one member at a time. The model's own weights are restored from a
     clean copy afterwards. Sampling uses transformers' sampler seeded from `generator`, so it is
     reproducible but does not draw the same tokens as `population_generate`.
     """
     params = dict(model.named_parameters())
-    stacked = dict(stacked or {})
+    lazy = stacked if isinstance(stacked, Population) else None  # members built one at a time
+    stacked = stacked if lazy is not None else dict(stacked or {})
     unknown = set(stacked) - set(params)
     if unknown:
         raise KeyError(f"not parameters of the model: {sorted(unknown)[:5]}")
-    n_total = int(next(iter(stacked.values())).shape[0]) if stacked else 1
+    n_total = lazy.n_members if lazy is not None else int(next(iter(stacked.values())).shape[0]) if stacked else 1
     rows = list(range(n_total)) if member_rows is None else [int(r) for r in torch.as_tensor(member_rows).reshape(-1)]
     device = next(model.parameters()).device
     input_ids = input_ids.to(device)
@@ -446,13 +447,15 @@ def sequential_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
             if seed is not None:
                 torch.manual_seed(seed)
             for r in rows:
-                for name, value in stacked.items():
-                    params[name].copy_(value[r])
+                for name in stacked:
+                    params[name].copy_(lazy.member(r, name) if lazy is not None else stacked[name][r])
                 out = model.generate(input_ids=input_ids, attention_mask=mask, **kwargs)
                 outs.append((out.sequences[:, t:], torch.stack(out.logits, dim=1).float()))
     finally:
         for name, value in backup.items():
             params[name].copy_(value)
+        if lazy is not None:
+            lazy.forget()
     n = len(rows)
     tokens = torch.full((n, b, steps), pad_token_id, dtype=torch.long, device=device)
     logprobs = torch.zeros(n, b, steps, device=device)
