@@ -212,8 +212,6 @@ def run(shape: Shape, n: int, batch: int, args: argparse.Namespace, peak: float)
               f"{same_rows(times['(c)'][2][rows], check.tokens)}")
     if "(d)" in times and "(e)" in times:
         print(f"    identical tokens (e) vs (d): {same_rows(times['(e)'][2], times['(d)'][2])}")
-    del model, theta
-    gc.collect()
     return {k: tokens / v[0] for k, v in times.items()}
 
 

@@ -18,6 +18,7 @@ from esgrpo.runs import (
     continual_stage_one,
     es_name,
     grpo_name,
+    main_name,
     pair_seed,
     parse_run_name,
     planned_runs,
@@ -42,6 +43,22 @@ def test_es_names_carry_their_settings(config):
     assert spec.settings["population_size"] == 8 and spec.settings["normalization"] == "rank"
     assert spec.settings["antithetic"] is True and spec.settings["seed"] == 3
     assert spec.settings["sigma"] == config["es"]["settings"]["sigma"]
+
+
+def test_low_rank_names_set_the_noise_and_full_rank_names_add_no_setting(config):
+    spec = run_spec(config, "countdown3", "es-n16-r4-s0")
+    assert spec.settings["noise"] == "lowrank" and spec.settings["rank"] == 4 and spec.labels["rank"] == 4
+    assert "noise" not in run_spec(config, "countdown3", "es-n16-s0").settings  # Snakemake params unchanged
+    config["es"]["ablations"]["ranks"] = [1, 4]
+    runs = planned_runs(config, "tiny")
+    assert ("countdown3", "es-n16-r1-s0") in runs and ("countdown3", "es-n16-r4-s0") in runs
+    # a low-rank main config: the main runs' names say so, a name without a rank is full-rank
+    config["es"]["settings"].update(noise="lowrank", rank=2)
+    assert main_name(config, "es", 0) == "es-n16-r2-s0"
+    assert {k: run_spec(config, "countdown3", "es-n16-r2-s0").settings[k] for k in ("noise", "rank")} == {
+        "noise": "lowrank", "rank": 2}
+    assert run_spec(config, "countdown3", "es-n16-s0").settings["noise"] == "full"
+    assert ("countdown3", "es-n16-r2-norm_none-s0") in planned_runs(config, "tiny")
 
 
 def test_sequential_runs_start_from_the_first_stage(config):
@@ -93,6 +110,10 @@ def test_run_names_parse_back_to_what_formatted_them():
         es_name(8, 3, "rank", True): RunName("es", "es", 3, "es-n8-norm_rank-anti", population=8,
                                              normalization="rank", antithetic=True),
         es_name(16, 0): RunName("es", "es", 0, "es-n16", population=16, normalization="zscore", antithetic=False),
+        es_name(16, 0, rank=4): RunName("es", "es", 0, "es-n16-r4", population=16, normalization="zscore",
+                                        antithetic=False, rank=4),
+        es_name(8, 1, "none", True, rank=1): RunName("es", "es", 1, "es-n8-r1-norm_none-anti", population=8,
+                                                     normalization="none", antithetic=True, rank=1),
         snapshot_name(16, 10, 2): RunName("snapshot", "es", 2, "es-n16-it10", population=16, normalization="zscore",
                                           antithetic=False, iterations=10),
         grpo_name(8, 1): RunName("grpo", "grpo", 1, "grpo-g8", group=8),
@@ -102,7 +123,8 @@ def test_run_names_parse_back_to_what_formatted_them():
     for name, parsed in cases.items():
         assert re.fullmatch(RUN_PATTERN, name), name
         assert parse_run_name(name) == parsed, name
-    assert list(cases) == ["es-n8-norm_rank-anti-s3", "es-n16-s0", "es-n16-it10-s2", "grpo-g8-s1",
+    assert list(cases) == ["es-n8-norm_rank-anti-s3", "es-n16-s0", "es-n16-r4-s0", "es-n8-r1-norm_none-anti-s1",
+                           "es-n16-it10-s2", "grpo-g8-s1",
                            "es-then-grpo-s4", "cl_es-s3-k2"]
     # pair analyses of the ES and GRPO main runs of one seed are named by the seed alone
     assert pair_seed("s12") == 12 and pair_seed("es-n16-s0") is None

@@ -29,7 +29,14 @@ from esgrpo.engines.vllm_engine import (
     sampling_kwargs,
     token_logprobs_and_entropies,
 )
-from esgrpo.engines.vllm_layout import fuse_state_dict, fused_noise, parts_of, unfuse_state_dict, vocab_rows
+from esgrpo.engines.vllm_layout import (
+    fuse_state_dict,
+    fused_noise,
+    fused_weighted_sum,
+    parts_of,
+    unfuse_state_dict,
+    vocab_rows,
+)
 from esgrpo.es import vllm_backend
 from esgrpo.es.loop import snapshot_dir, train_es
 from esgrpo.es.ops import member_seeds
@@ -41,7 +48,7 @@ from esgrpo.es.vllm_backend import (
     copy_model_metadata,
     population_fitness,
 )
-from esgrpo.noise import tensor_noise
+from esgrpo.noise import Noise, tensor_noise
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -160,6 +167,29 @@ def test_fused_noise_is_the_hf_noise_stacked():
     q = unfused["model.layers.0.self_attn.q_proj.weight"]
     k = unfused["model.layers.0.self_attn.k_proj.weight"]
     assert not torch.equal(q[: k.shape[0]], k)
+
+
+def test_fused_lowrank_noise_and_update_sum_are_the_hf_parts_stacked():
+    """Low-rank noise in vLLM layout: each HF part its own A B^T / sqrt(r) (q, k, v independent), the update's
+    weighted sum likewise; the layout is ready for low-rank members, which the backend still refuses."""
+    model = tiny_llama()
+    fused = fused_of(model)
+    low = Noise("lowrank", 2)
+    noise = unfuse_state_dict({n: fused_noise(5, n, v.shape, model.config, noise=low) for n, v in fused.items()},
+                              model.config)
+    coefficients = {5: 0.5, 6: -2.0}
+    sums = unfuse_state_dict({n: fused_weighted_sum(coefficients, n, v.shape, model.config, noise=low)
+                              for n, v in fused.items()}, model.config)
+    for name, value in model.state_dict().items():
+        assert torch.equal(noise[name], low.dense(5, name, value.shape)), name
+        torch.testing.assert_close(sums[name], low.weighted_sum(coefficients, name, value.shape), rtol=0, atol=1e-6)
+    assert torch.linalg.matrix_rank(noise["model.layers.0.self_attn.q_proj.weight"]) == 2
+
+
+def test_vllm_backend_refuses_lowrank_noise_and_says_why():
+    backend = VLLMESBackend(VLLMESPool([object()]), "m", {}, _reward)
+    with pytest.raises(ValueError, match="LogitsProcessorWithLoRA.can_replace_layer"):
+        backend.start(ESConfig(noise="lowrank", rank=4))
 
 
 # --------------------------------------------------------------------------- the worker extension

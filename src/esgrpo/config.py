@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from esgrpo.es.settings import ESConfig
+from esgrpo.es.settings import LOWRANK_ON_VLLM, ESConfig
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.settings import yaml_number_hint
 from esgrpo.tasks.base import prompt_setting
@@ -145,6 +145,9 @@ def _check_trainers(config: dict) -> None:
         _check_settings("es.snapshots", ESConfig, config["es"]["settings"],
                         population_size=config["es"]["population_sizes"][0],
                         snapshots=list(config["es"].get("snapshots") or []))
+        low = config["es"]["settings"].get("noise") == "lowrank" or (config["es"].get("ablations") or {}).get("ranks")
+        if low and config["es"].get("backend", "hf") == "vllm":
+            raise ConfigError(f"es.settings.noise / es.ablations.ranks: {LOWRANK_ON_VLLM}")
         ablation_task = (config["es"].get("ablations") or {}).get("task")
         if ablation_task is not None and ablation_task not in tasks:
             raise ConfigError(f"es.ablations.task: {ablation_task!r} is not in the tasks block; "

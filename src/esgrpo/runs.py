@@ -8,6 +8,7 @@ people read the same thing:
 | `es-n16-s0`                | ES, population 16, seed 0, the config's ES settings          |
 | `es-n16-norm_rank-s0`      | ... with rank normalisation (`norm_none`: raw fitness)       |
 | `es-n16-anti-s0`           | ... with antithetic (two-point) members                     |
+| `es-n16-r4-s0`             | ... with low-rank noise of rank 4 (`ESConfig.noise`)          |
 | `grpo-g8-s0`               | GRPO, group size 8, seed 0                                   |
 | `es-then-grpo-s0`          | GRPO started from `es-n{main}-s0` of the same task           |
 | `grpo-then-es-s0`          | ES started from `grpo-g{main}-s0` of the same task           |
@@ -31,7 +32,8 @@ import re
 from dataclasses import dataclass, field
 
 # The grammar of a run name: the one place that parses or formats one (the table above).
-ES_RE = re.compile(r"es-n(?P<n>\d+)(?:-norm_(?P<norm>rank|none|zscore))?(?P<anti>-anti)?-s(?P<seed>\d+)")
+ES_RE = re.compile(r"es-n(?P<n>\d+)(?:-r(?P<rank>\d+))?(?:-norm_(?P<norm>rank|none|zscore))?(?P<anti>-anti)?"
+                   r"-s(?P<seed>\d+)")
 GRPO_RE = re.compile(r"grpo-g(?P<g>\d+)-s(?P<seed>\d+)")
 SEQ_RE = re.compile(r"(?P<first>es|grpo)-then-(?P<second>es|grpo)-s(?P<seed>\d+)")
 CL_RE = re.compile(r"cl_(?P<method>es|grpo)-s(?P<seed>\d+)-k(?P<stage>\d+)")
@@ -58,6 +60,7 @@ class RunName:
     population: int | None = None  # es, snapshot
     normalization: str | None = None  # es, snapshot ("zscore" unless the name says otherwise)
     antithetic: bool | None = None  # es, snapshot
+    rank: int | None = None  # es: the rank of low-rank noise; None: full-rank noise
     group: int | None = None  # grpo
     iterations: int | None = None  # snapshot: its parent's iterations when it was exported
     first: str | None = None  # sequential: the method of the run it starts from
@@ -73,7 +76,8 @@ def parse_run_name(run: str) -> RunName:
     """The parts of `run`; ValueError naming it when it is not a run name."""
     if m := ES_RE.fullmatch(run):
         return RunName("es", "es", int(m["seed"]), _without_seed(run, m), population=int(m["n"]),
-                       normalization=m["norm"] or "zscore", antithetic=bool(m["anti"]))
+                       normalization=m["norm"] or "zscore", antithetic=bool(m["anti"]),
+                       rank=int(m["rank"]) if m["rank"] else None)
     if m := SNAPSHOT_RE.fullmatch(run):  # exported by the main run: z-scored, one-sided
         return RunName("snapshot", "es", int(m["seed"]), _without_seed(run, m), population=int(m["n"]),
                        normalization="zscore", antithetic=False, iterations=int(m["it"]))
@@ -84,7 +88,7 @@ def parse_run_name(run: str) -> RunName:
     if m := CL_RE.fullmatch(run):
         return RunName("continual", m["method"], int(m["seed"]), _without_seed(run, m), stage=int(m["stage"]))
     raise ValueError(f"run {run!r} is not a run name; expected one of: es-n16-s0, es-n16-norm_rank-s0, "
-                     f"es-n16-anti-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2, "
+                     f"es-n16-anti-s0, es-n16-r4-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2, "
                      f"es-n16-it10-s0")
 
 
@@ -97,9 +101,12 @@ def pair_seed(name: str) -> int | None:
     return int(m["seed"]) if m else None
 
 
-def es_name(n: int, seed: int, normalization: str = "zscore", antithetic: bool = False) -> str:
+def es_name(n: int, seed: int, normalization: str = "zscore", antithetic: bool = False,
+            rank: int | None = None) -> str:
+    """rank: low-rank noise of that rank; None: full-rank noise."""
     norm = "" if normalization == "zscore" else f"-norm_{normalization}"
-    return f"es-n{n}{norm}{'-anti' if antithetic else ''}-s{seed}"
+    low = "" if rank is None else f"-r{int(rank)}"
+    return f"es-n{n}{low}{norm}{'-anti' if antithetic else ''}-s{seed}"
 
 
 def snapshot_name(n: int, iteration: int, seed: int) -> str:
@@ -134,8 +141,15 @@ def es_snapshots(config: dict) -> list[int]:
     return sorted({int(k) for k in (config.get("es") or {}).get("snapshots") or []})
 
 
+def config_rank(config: dict) -> int | None:
+    """The rank of es.settings' low-rank noise (`noise: lowrank`), None for full-rank noise: what the
+    main ES runs' names say."""
+    settings = config["es"]["settings"]
+    return int(settings.get("rank", 1)) if settings.get("noise", "full") == "lowrank" else None
+
+
 def main_es_name(config: dict, seed: int) -> str:
-    return es_name(config["es"]["population_sizes"][0], seed)
+    return es_name(config["es"]["population_sizes"][0], seed, rank=config_rank(config))
 
 
 def main_grpo_name(config: dict, seed: int) -> str:
@@ -159,6 +173,14 @@ def _es_settings(config: dict, seed: int, **overrides) -> dict:
     return {**config["es"]["settings"], "seed": seed, **reward_rules_setting(config), **overrides}
 
 
+def _noise_settings(config: dict, rank: int | None) -> dict:
+    """The noise a name's rank asks for, as settings overrides where it differs from es.settings' own (a
+    full-rank name under a full-rank config adds no key: its Snakemake params stay as they were)."""
+    if rank == config_rank(config):
+        return {}
+    return {"noise": "full"} if rank is None else {"noise": "lowrank", "rank": int(rank)}
+
+
 def _grpo_settings(config: dict, seed: int, **overrides) -> dict:
     return {**config["grpo"]["settings"], "seed": seed, **reward_rules_setting(config), **overrides}
 
@@ -172,11 +194,12 @@ def run_spec(config: dict, task: str, run: str) -> RunSpec:
         # Only the main run exports snapshots; other runs' settings (Snakemake params) carry no key
         snapshots = es_snapshots(config) if run == main_es_name(config, seed) else []
         settings = _es_settings(config, seed, population_size=n, normalization=norm, antithetic=anti,
-                                **({"snapshots": snapshots} if snapshots else {}))
-        return RunSpec("es", settings, seed, labels={"population": n, "normalization": norm, "antithetic": anti})
+                                **_noise_settings(config, name.rank), **({"snapshots": snapshots} if snapshots else {}))
+        labels = {"population": n, "normalization": norm, "antithetic": anti}
+        return RunSpec("es", settings, seed, labels=labels if name.rank is None else {**labels, "rank": name.rank})
     if name.family == "snapshot":
         n, it = name.population, name.iterations
-        parent = es_name(n, seed)
+        parent = es_name(n, seed, rank=config_rank(config))
         if parent != main_es_name(config, seed) or it not in es_snapshots(config):
             raise ValueError(f"run {run!r}: only the main ES run ({main_es_name(config, seed)}) exports "
                              f"snapshots, at es.snapshots = {es_snapshots(config)}")
@@ -242,15 +265,20 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
     runs: list[tuple[str, str]] = []
     if es:
         for task in tasks:
-            runs += [(task, es_name(n, s)) for n in es["population_sizes"] for s in es["seeds"]]
+            runs += [(task, es_name(n, s, rank=config_rank(config))) for n in es["population_sizes"]
+                     for s in es["seeds"]]
         ablation = es.get("ablations") or {}
         if ablation.get("task") in tasks:
             task, seeds = ablation["task"], ablation.get("seeds", es["seeds"])
-            runs += [(task, es_name(n, s)) for n in ablation.get("population_sizes", []) for s in seeds]
-            runs += [(task, es_name(es["population_sizes"][0], s, normalization=norm))
+            runs += [(task, es_name(n, s, rank=config_rank(config))) for n in ablation.get("population_sizes", [])
+                     for s in seeds]
+            runs += [(task, es_name(es["population_sizes"][0], s, rank=r)) for r in ablation.get("ranks", [])
+                     for s in seeds]
+            runs += [(task, es_name(es["population_sizes"][0], s, normalization=norm, rank=config_rank(config)))
                      for norm in ablation.get("normalization", []) for s in seeds]
             if ablation.get("antithetic"):
-                runs += [(task, es_name(es["population_sizes"][0], s, antithetic=True)) for s in seeds]
+                runs += [(task, es_name(es["population_sizes"][0], s, antithetic=True, rank=config_rank(config)))
+                         for s in seeds]
     if es:
         runs += [(task, snapshot_name(es["population_sizes"][0], k, s)) for task in tasks
                  for k in es_snapshots(config) for s in es["seeds"]]

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from esgrpo.settings import FieldCheck, SettingsDataclass
 from esgrpo.tasks.rewards import RULES, SCHEMES
 
-__all__ = ["ESConfig", "NOISE_KINDS", "NORMALIZATIONS", "NORM_CHUNK_ELEMENTS"]
+__all__ = ["ESConfig", "LOWRANK_ON_VLLM", "NOISE_KINDS", "NORMALIZATIONS", "NORM_CHUNK_ELEMENTS"]
 
 NORMALIZATIONS = ("zscore", "rank", "none")
 NOISE_KINDS = ("full", "lowrank")  # esgrpo.noise.Noise.kind
@@ -23,6 +23,14 @@ NOISE_KINDS = ("full", "lowrank")  # esgrpo.noise.Noise.kind
 # the resource plan (`esgrpo.plan.memory.es_update_bytes`) reads it without importing torch. Every tensor
 # of the offline default model is smaller, so its norms are the whole-tensor sums they always were.
 NORM_CHUNK_ELEMENTS = 1 << 22
+# Why es.backend vllm refuses low-rank noise (vLLM 0.31, read in its source: vllm/lora/); checked by
+# esgrpo.config before any job and by the vLLM ES backend itself.
+LOWRANK_ON_VLLM = (
+    "ESConfig.noise 'lowrank' is not supported on es.backend vllm: serving members as LoRA adapters would need "
+    "(1) LoRA on lm_head, which vLLM 0.31 does not replace (LogitsProcessorWithLoRA.can_replace_layer is False), "
+    "so a tied embedding / lm_head cannot carry a member's A B^T; (2) the members' full-rank noise on 1-D "
+    "tensors (norm weights, biases), which no adapter holds; (3) N adapters per iteration written to disk in "
+    "PEFT layout (LoRARequest takes a lora_path). Run low-rank ES on es.backend hf, or full-rank noise on vllm")
 
 
 @dataclass

@@ -62,7 +62,7 @@ from esgrpo.engines.vllm_layout import (
 )
 from esgrpo.es.backend import BackendStart, ESBackend, FitnessResult
 from esgrpo.es.ops import apply_update, member_weights, select_trainable, squared_norm
-from esgrpo.es.settings import ESConfig
+from esgrpo.es.settings import LOWRANK_ON_VLLM, ESConfig
 from esgrpo.io import atomic_directory
 from esgrpo.models.tensor_files import DEFAULT_SHARD_BYTES, TensorFiles, local_model_dir, write_shards
 
@@ -490,15 +490,6 @@ def export_hf_checkpoint(pool: VLLMESPool, model_ref: str, out_dir: str | os.Pat
 
 
 # --------------------------------------------------------------------------- the backend
-
-
-# Why es.backend vllm refuses ESConfig.noise = lowrank (vLLM 0.31, read in its source: vllm/lora/):
-LOWRANK_ON_VLLM = (
-    "ESConfig.noise 'lowrank' is not supported on es.backend vllm: serving members as LoRA adapters would need "
-    "(1) LoRA on lm_head, which vLLM 0.31 does not replace (LogitsProcessorWithLoRA.can_replace_layer is False), "
-    "so a tied embedding / lm_head cannot carry a member's A B^T; (2) the members' full-rank noise on 1-D "
-    "tensors (norm weights, biases), which no adapter holds; (3) N adapters per iteration written to disk in "
-    "PEFT layout (LoRARequest takes a lora_path). Run low-rank ES on es.backend hf, or full-rank noise on vllm.")
 
 
 class VLLMESBackend(ESBackend):
