@@ -19,6 +19,7 @@ from transformers import (  # noqa: E402
     Qwen2ForCausalLM,
 )
 
+from esgrpo.engines import groups  # noqa: E402
 from esgrpo.engines import population as pop  # noqa: E402
 from esgrpo.engines import population_weights as pw_module  # noqa: E402
 from esgrpo.engines.population import (  # noqa: E402
@@ -341,10 +342,10 @@ def test_full_rank_members_run_in_memory_bounded_groups(monkeypatch):
     ids, mask = left_padded()
     whole = population_generate(model, members, ids, mask, NEW, None, PAD)
     per_member = pw_module.member_bytes(pw_module.arch_of(model))
-    monkeypatch.setattr(pop, "GROUP_BYTES", 2 * per_member)
-    groups = pop.member_groups(model, members, None)
-    assert [g.tolist() for g in groups] == [[0, 1], [2, 3]]  # even sizes: antithetic partners together
+    monkeypatch.setattr(groups, "GROUP_BYTES", 2 * per_member)
+    split = pop.member_groups(model, members, None)
+    assert [g.tolist() for g in split] == [[0, 1], [2, 3]]  # even sizes: antithetic partners together
     assert_same(population_generate(model, members, ids, mask, NEW, None, PAD), whole, tol=0)
-    monkeypatch.setattr(pop, "GROUP_BYTES", 1)
+    monkeypatch.setattr(groups, "GROUP_BYTES", 1)
     assert [g.tolist() for g in pop.member_groups(model, members, torch.tensor([3, 1, 0]))] == [[3, 1], [0]]
     assert pop.member_groups(model, population_of(model, Noise("lowrank", 2)), None) == [None]  # shares its weights

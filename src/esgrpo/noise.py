@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -115,7 +114,6 @@ class Noise:
 
 
 FULL = Noise()
-_RECENT_DRAWS = 4  # q, k and v of one fused projection, and one more
 
 
 class Population(Mapping):
@@ -132,9 +130,10 @@ class Population(Mapping):
         self.theta, self.sigma, self.noise = theta, float(sigma), noise
         self.seeds_signs = [(int(s), float(g)) for s, g in seeds_signs]
         self.dtypes = dict(dtypes or {})
-        # The last few noise draws: antithetic partners (adjacent members, one seed) share them, also
-        # when an engine builds a fused matrix from several tensors member by member.
-        self._recent: OrderedDict[tuple[int, str], Tensor] = OrderedDict()
+        # The current seed's noise draws: antithetic partners (adjacent members, one seed) share them when
+        # an engine builds a fused matrix from several tensors member by member; a new seed clears them.
+        self._seed: int | None = None
+        self._draws: dict[str, Tensor] = {}
 
     @property
     def n_members(self) -> int:
@@ -153,20 +152,20 @@ class Population(Mapping):
         return self.stacked(name).to(self.dtypes.get(name, torch.float32))
 
     def _noise(self, seed: int, name: str) -> Tensor:
-        key = (seed, name)
-        if key not in self._recent:
+        if seed != self._seed:
+            self._seed, self._draws = seed, {}
+        if name not in self._draws:
             base = self.theta[name]
-            self._recent[key] = self.noise.dense(seed, name, base.shape, base.device)
-            while len(self._recent) > _RECENT_DRAWS:
-                self._recent.popitem(last=False)
-        return self._recent[key]
+            self._draws[name] = self.noise.dense(seed, name, base.shape, base.device)
+        return self._draws[name]
 
     def forget(self) -> None:
-        """Drop the cached noise draws (the population is only read again by a new evaluation)."""
-        self._recent.clear()
+        """Drop the cached noise draws (after building members; call it between two members' tensors too)."""
+        self._seed, self._draws = None, {}
 
     def member(self, index: int, name: str) -> Tensor:
-        """Member `index`'s fp32 value of one tensor."""
+        """Member `index`'s fp32 value of one tensor (its noise draw kept until another seed's is asked for:
+        a caller going through many tensors of one member calls `forget` between them)."""
         seed, sign = self.seeds_signs[index]
         return self.theta[name].add(self._noise(seed, name), alpha=sign * self.sigma)
 
@@ -185,13 +184,12 @@ class Population(Mapping):
 
     def members(self, dtypes: bool = True) -> Iterator[dict[str, Tensor]]:
         """One member's weights at a time, {name: tensor} (cast to `dtypes` unless told not to)."""
-        for index in range(self.n_members):
+        for seed, sign in self.seeds_signs:
             member = {}
-            for name in self.theta:
-                value = self.member(index, name)
+            for name, base in self.theta.items():
+                value = base.add(self.noise.dense(seed, name, base.shape, base.device), alpha=sign * self.sigma)
                 member[name] = value.to(self.dtypes.get(name, torch.float32)) if dtypes else value
             yield member
-        self.forget()
 
     def factors(self, name: str, rows: Sequence[int] | None = None) -> tuple[Tensor, Tensor]:
         """Low-rank members' factors of one 2-D tensor: A [k, m, r] scaled by sign_n * sigma / sqrt(r), and

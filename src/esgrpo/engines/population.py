@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from esgrpo.engines import groups
 from esgrpo.engines.population_weights import (
     Arch,
     Layer,
@@ -66,7 +67,6 @@ from esgrpo.engines.rollout import id_list, lengths_through_eos
 from esgrpo.noise import Population
 
 __all__ = [
-    "GROUP_BYTES",
     "PopulationOutput",
     "member_groups",
     "PopulationWeights",
@@ -303,7 +303,7 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
     member_rows: optional indices of the members to run (see `prepare_population`); ignored when
     `stacked` is already a `PopulationWeights`.
 
-    Full-rank members whose weights exceed `GROUP_BYTES` together run in groups of members, one
+    Full-rank members whose weights exceed `groups.GROUP_BYTES` together run in groups of members, one
     group's weights at a time (`member_groups`): decoding is memory-bound per member anyway at such
     sizes, so grouping costs little time and bounds the memory.
     """
@@ -319,28 +319,20 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
                               ("tokens", "lengths", "logprobs", "entropies")))
 
 
-# Full-rank members' prepared weights above this many bytes run in groups (`member_groups`).
-GROUP_BYTES = 4 * 2**30
-
-
 def member_groups(model: torch.nn.Module, stacked: Mapping[str, Tensor] | None,
                   member_rows: Tensor | None) -> list[Tensor | None]:
     """The member rows of each group `population_generate` prepares and runs at once: one group (None:
-    every member) unless full-rank members' weights (`member_bytes`) exceed `GROUP_BYTES` together; then
-    groups of even size (antithetic partners stay together) as equal as that allows."""
+    every member) unless full-rank members' weights (`member_bytes`) exceed `groups.GROUP_BYTES` together
+    (`esgrpo.engines.groups.member_group_size`). Low-rank members share their matrices: one group."""
     if isinstance(stacked, Population):
         total = stacked.n_members
     else:
         total = int(next(iter(stacked.values())).shape[0]) if stacked else 1
     rows = torch.arange(total) if member_rows is None else torch.as_tensor(member_rows, dtype=torch.long).reshape(-1)
-    lowrank = isinstance(stacked, Population) and stacked.noise.kind == "lowrank"
-    need = len(rows) * member_bytes(arch_of(model))
-    if lowrank or need <= GROUP_BYTES:
+    if isinstance(stacked, Population) and stacked.noise.kind == "lowrank":
         return [member_rows]
-    count = -(-need // GROUP_BYTES)
-    size = -(-len(rows) // count)
-    size += size % 2
-    return [rows[s:s + size] for s in range(0, len(rows), size)]
+    size = groups.member_group_size(len(rows), member_bytes(arch_of(model)))
+    return [member_rows] if size >= len(rows) else [rows[s:s + size] for s in range(0, len(rows), size)]
 
 
 def _generate(model: torch.nn.Module, pw: PopulationWeights, input_ids: Tensor, attention_mask: Tensor | None,
@@ -448,7 +440,11 @@ def sequential_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
                 torch.manual_seed(seed)
             for r in rows:
                 for name in stacked:
-                    params[name].copy_(lazy.member(r, name) if lazy is not None else stacked[name][r])
+                    if lazy is not None:
+                        params[name].copy_(lazy.member(r, name))
+                        lazy.forget()  # never a whole member's noise in memory
+                    else:
+                        params[name].copy_(stacked[name][r])
                 out = model.generate(input_ids=input_ids, attention_mask=mask, **kwargs)
                 outs.append((out.sequences[:, t:], torch.stack(out.logits, dim=1).float()))
     finally:

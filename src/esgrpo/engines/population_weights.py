@@ -318,6 +318,11 @@ class _MemberValues:
         value = self.params[name].detach().to(torch.float32)
         return value.unsqueeze(0).expand(len(picked), *value.shape)
 
+    def forget(self) -> None:
+        """Drop the population's cached noise draws (kept only across one matrix's members)."""
+        if self.population is not None:
+            self.population.forget()
+
     def maybe(self, name: str, members: Sequence[int] | None = None) -> Tensor | None:
         return self.stack(name, members) if name in self.params else None
 
@@ -346,6 +351,7 @@ def _per_member(fold: Fold, out: int, inp: int, values: _MemberValues, rows: int
             w, b = fold([m])
             weights.append(_pack(w[0], rows))
             biases.append(b)
+        values.forget()
         return Linear(weights, None if biases[0] is None else torch.cat(biases))
     w, b = fold(None)
     return Linear(w.transpose(1, 2).contiguous(), b)  # [N, in, out]: x @ w is a plain NN gemm
@@ -519,6 +525,5 @@ def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | N
         out = _lowrank_members(values, arch, perm_q, perm_k, rows * values.n_members)
     else:
         out = _full_members(values, arch, perm_q, perm_k, rows)
-    if values.population is not None:
-        values.population.forget()
+    values.forget()
     return out

@@ -47,7 +47,7 @@ def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: 
     return {
         "load": {**{k: v for k, v in base.items() if k != "theta0 and theta (fp32)"},
                  "checkpoint file (mapped)": p * 4},
-        "generate": {**base, **population_generation(arch, members, prompts, prompt, new, width)},
+        "generate": {**base, **population_generation(arch, members, prompts, prompt, new)},
         "update": {**base, "update or distance of one tensor": es_update_bytes(arch, "hf", theta0_here=True)},
     }
 

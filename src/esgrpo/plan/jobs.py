@@ -291,7 +291,7 @@ def _es_hf_parts(job: JobSpec) -> dict[str, int]:
     arch, width = job.architecture, dtype_bytes(job.weight_dtype)
     members = job.population if job.es_population == "stacked" else 1
     return {"model weights": arch.parameters * width, "theta0 and theta (fp32)": 8 * arch.parameters,
-            **population_generation(arch, members, job.prompts, job.prompt_tokens, job.new_tokens, width)}
+            **population_generation(arch, members, job.prompts, job.prompt_tokens, job.new_tokens)}
 
 
 def _plan_es_hf_gpu(job: JobSpec, gpu: GpuType) -> JobPlan:

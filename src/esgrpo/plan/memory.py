@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from esgrpo.engines.groups import member_group_size
 from esgrpo.plan.architecture import Architecture, dtype_bytes
 
 GIB = 2**30
@@ -326,24 +327,24 @@ def hf_generation(arch: Architecture, sequences: int, prompt: int, new: int, act
     }
 
 
-def population_generation(arch: Architecture, members: int, prompts: int, prompt: int, new: int,
-                          weight_bytes: int) -> dict[str, int]:
-    """ES on the transformers backend (`esgrpo.engines.population.population_generate`, all members at once).
+def population_generation(arch: Architecture, members: int, prompts: int, prompt: int, new: int) -> dict[str, int]:
+    """ES on the transformers backend (`esgrpo.engines.population.population_generate`), full-rank members.
 
-    Held together: the stacked member weights [N, *shape] in the model's dtype
-    (`esgrpo.es.ops.perturbed_population`); their fused fp32 layout (`prepare_population`), which
-    shares the embedding with the stack when both are fp32 and builds its own lm_head; the largest
-    fusing intermediate (lm_head or a layer's gate/up block, before its transposed copy); the
-    preallocated fp32 KV cache of N x B rows; the step's logits and their log-softmax.
+    The members are built from theta and their seeds in the engine's fp32 layout (`prepare_population`),
+    never stacked: one group of them at a time (`esgrpo.engines.groups`), each member holding every layer,
+    its embedding table and its head; the largest fold intermediate (lm_head or a layer's gate/up block,
+    all of a group's members at once on the bmm layout); the preallocated fp32 KV cache of N x B rows; the
+    step's logits and their log-softmax. Low-rank members (`ESConfig.noise`) share one copy of the
+    matrices and need less: this is their bound too. Members are rounded to the model's dtype but held in fp32.
     """
-    n, p, h, v = members, arch.parameters, arch.hidden_size, arch.vocab_size
-    fused = arch.num_hidden_layers * arch.layer_parameters + v * h + (0 if weight_bytes == 4 else v * h)
+    n, h, v = members, arch.hidden_size, arch.vocab_size
+    per_member = 4 * (arch.num_hidden_layers * arch.layer_parameters + 2 * v * h)
+    group = member_group_size(n, per_member)
     slots = prompt + new - 1
     rows = n * prompts
     return {
-        "population (stacked members)": n * p * weight_bytes,
-        "population (fused fp32 layout)": n * fused * 4,
-        "population (fusing intermediate)": n * 4 * max(v * h, 4 * h * arch.intermediate_size),
+        "population (one group of members, fp32 layout)": group * per_member,
+        "population (fold intermediate)": group * 4 * max(v * h, 4 * h * arch.intermediate_size),
         "KV cache (population)": arch.num_hidden_layers * rows * slots * 2 * arch.kv_dim * 4,
         "generation logits": 4 * rows * v * 4,
         "prefill attention scores": min(256 * MIB, rows * arch.num_attention_heads * prompt * prompt * 4),
