@@ -1,14 +1,17 @@
-"""Population-batched generation: N perturbed copies of one small causal LM, one forward per step.
+"""Population-batched generation: N perturbed copies of one causal LM, one forward per step.
 
 Evolution Strategies evaluates N members ``theta + sigma * eps_n`` on the same prompt batch.
 Calling ``model.generate`` once per member (`sequential_generate`, the structure of the public
 ES implementations and our reference) pays transformers' per-step Python overhead N times;
 for models of a few million parameters or fewer that overhead, not arithmetic, is the cost.
 `population_generate` instead runs all members in one pure-torch forward per decoding step:
-every weight is stacked with a leading member axis, every projection is one batched matmul
-(`torch.bmm` / `baddbmm`) over members, and the rows of member n are its copy of the B prompts
-(N * B sequences in all). The member weights are laid out once per population by
-`esgrpo.engines.population_weights.prepare_population`; this module is the forward and the decoding.
+every projection is one `population_weights.Linear` over all members (a batched matmul over a
+member axis for small matrices, one oneDNN-packed matmul per member for large ones on a CPU; for
+low-rank members one matmul shared by all N * B rows plus each member's low-rank term), and the
+rows of member n are its copy of the B prompts (N * B sequences in all). The member weights are
+laid out once per population by `esgrpo.engines.population_weights.prepare_population`, from
+stacked tensors or straight from theta and the seeds (`esgrpo.noise.Population`); this module is
+the forward and the decoding.
 
 Supported: transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (q/k/v biases), fp32
 compute, RMSNorm, rotary embeddings (static rope types), grouped-query attention, SiLU gated
@@ -41,6 +44,17 @@ the FLOP/s of a large square matmul in isolation). Measured and dropped: sdpa (s
 query), grouped conv1d and elementwise attention, merging kv heads per row, MKL-packed weights,
 oneDNN linear, nn.Linear-layout (transposed) weights, gate/up or column-chunked MLP matmuls,
 running members in cache-sized groups, flush-to-zero.
+
+At SmolLM2-135M's shape (30 layers, hidden 576, vocabulary 49,152; N=4, B=8, 40-token prompts, 32
+new tokens, 1 thread, profiled with torch.profiler) the same engine spent 50% of its time in the
+decode projections, 20% in the vocabulary head and 18% in the prompt pass's projections: bmm with
+8 rows per member ran at 13 GFLOP/s (3 GB/s of weights), and preparing the members (noise, the
+stacked copy, the fold) cost as much again as generating. Now: oneDNN-packed member matrices run
+the decode at the memory bandwidth (each step streams every member's weights once: 538 MB per
+member), the prompt pass at 65-70 GFLOP/s, and members are built one matrix at a time from the
+seeds (noise generation, ~0.8 s per member at 175 M normals/s, is then most of preparing). Low-rank
+members share one copy of every matrix, so their decode reads the weights once per step for all
+N * B rows, as batch inference does. Attention and the entropy stay below 5% each there.
 """
 
 from __future__ import annotations

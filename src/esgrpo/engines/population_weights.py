@@ -313,7 +313,9 @@ class _MemberValues:
                          else pop.stacked(name, picked))
                 dtype = pop.dtypes.get(name, torch.float32)
                 return value if dtype == torch.float32 else value.to(dtype).float()
-            value = self.source[name].index_select(0, torch.tensor(picked, device=self.source[name].device))
+            value = self.source[name]
+            if picked != list(range(value.shape[0])):
+                value = value.index_select(0, torch.tensor(picked, device=value.device))
             return value.to(device=self.device, dtype=torch.float32)
         value = self.params[name].detach().to(torch.float32)
         return value.unsqueeze(0).expand(len(picked), *value.shape)
