@@ -170,10 +170,10 @@ def _in_vllm_layout(name: str, shape: Sequence[int], config: Any, device: torch.
         rows = vocab_rows(name, shape, config)
         if rows is None:
             return of_part(name, tuple(shape))
-        # the checkpoint's rows get the HF-layout noise; vLLM's padding rows stay put
-        noise = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
-        noise[:rows] = of_part(name, (rows, *shape[1:]))
-        return noise
+        # the checkpoint's rows get the HF-layout noise; vLLM's padding rows stay put (zero), appended
+        # after the part is built so that building it never sits beside a whole zero tensor
+        part = of_part(name, (rows, *shape[1:]))
+        return torch.cat([part, part.new_zeros((shape[0] - rows, *shape[1:]))])
     rest = tuple(shape[1:])
     return torch.cat([of_part(p.name, (p.stop - p.start, *rest)) for p in parts], dim=0)
 

@@ -82,8 +82,9 @@ def es_tensor_bytes(n: int, assembled: bool, theta0_here: bool = False) -> dict[
 
     - perturb (`ESWorkerExtension.es_perturb`, a member of `perturbed_population`): the noise 4n
       and the member 4n (an assembled noise's pieces are freed before the member is made);
-    - update (`esgrpo.es.ops.apply_update`): the fp32 step 4n and one noise draw 4n (8n while an
-      assembled one is built), then the norm's float64 chunk and its square, 16c;
+    - update (`esgrpo.es.ops.apply_update`): the fp32 step 4n and one noise draw 4n (an assembled tensor's
+      step is its parts' sums, each built beside one part's draw, then concatenated: also 8n), then the
+      norm's float64 chunk and its square, 16c;
     - distance from theta0 (`esgrpo.es.ops.squared_norm`): vLLM engine 0 keeps theta0 on the host
       and subtracts on the GPU in float64 (theta's chunk, theta0's, their difference: 24c); the
       transformers backend (`theta0_here`) subtracts in fp32 first (4n), then squares chunks (16c).
@@ -93,7 +94,7 @@ def es_tensor_bytes(n: int, assembled: bool, theta0_here: bool = False) -> dict[
 
     c = min(n, NORM_CHUNK_ELEMENTS)
     return {"perturb": 8 * n,
-            "update": 4 * n + max(8 * n if assembled else 4 * n, 16 * c),
+            "update": 4 * n + max(4 * n, 16 * c),
             "distance": 4 * n + 16 * c if theta0_here else 24 * c}
 
 
