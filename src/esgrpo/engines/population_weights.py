@@ -383,11 +383,15 @@ def _fused_fold(values: _MemberValues, parts, norm: str) -> Fold:
 
     def fold(members):
         blocks = []
-        for name, perm, scale in parts:
+        for name, perm, _ in parts:
             w = values.stack(name + ".weight", members)
-            w = w[:, perm] if perm is not None else w
-            blocks.append(w * scale if scale != 1.0 else w)
+            blocks.append(w[:, perm] if perm is not None else w)
         w = torch.cat(blocks, dim=1).mul_(values.stack(norm, members)[:, None, :])
+        start = 0
+        for block, (_, _, scale) in zip(blocks, parts, strict=True):
+            if scale != 1.0:  # in place on the fused copy: no copy of the block of its own
+                w[:, start:start + block.shape[1]].mul_(scale)
+            start += block.shape[1]
         return w, _fused_bias(values, parts, [blk.shape[1] for blk in blocks], members)
 
     return fold
@@ -423,7 +427,8 @@ def _full_members(values: _MemberValues, arch: Arch, perm_q: Tensor, perm_k: Ten
 
     def head(members):  # a tied head is the member's embedding table (already built: no second noise draw)
         if arch.tied:
-            w = table.view(n, v, h) if members is None else table.view(n, v, h)[list(members)]
+            w = table.view(n, v, h)
+            w = w if members is None else w[members[0]:members[0] + 1] if len(members) == 1 else w[list(members)]
         else:
             w = values.stack("lm_head.weight", members)
         return w * values.stack(norm, members)[:, None, :], None
