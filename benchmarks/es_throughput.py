@@ -16,8 +16,9 @@ then for each random model shape (`SHAPES`: a ~0.2M and a ~4M Llama, SmolLM2-135
 Each path's time includes building its members from theta and the seeds (noise generation: (a), (b),
 (c)); (d) and (e) have no members to build. Printed per path: generated tokens/s, model GFLOP/s and that
 as a share of the measured matmul, and the fraction of (d)'s tokens/s; then the identical-token checks
-where the maths is the same: (a) vs (b) (the same full-rank members), (c) vs (b) run on the first two
-low-rank members (dense A B^T), (e) vs (d).
+where the maths is the same: (a) vs (b) (the same full-rank members; a differing sequence is checked for
+a float-rounding near-tie, `near_ties`), (c) vs (b) run on the first two low-rank members (dense A B^T),
+(e) vs (d).
 
 Model FLOPs count what a forward of every processed position needs: 2 * (decoder-layer params) per
 position (prompt positions included, pad positions too: every path computes them), 2 * V * H for each
@@ -159,6 +160,23 @@ def same_rows(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"{same}/{total}" + ("" if same == total else "  <-- differ")
 
 
+def near_ties(a, b) -> str:
+    """For sequences two paths generate differently: at the first differing step, how far apart the two
+    chosen tokens' log-probs are, beside how far the paths' log-probs differ where the tokens agree. A
+    gap below that agreement is a float-rounding near-tie (two correct implementations may pick either)."""
+    differ = (a.tokens != b.tokens).cpu()
+    if not differ.any():
+        return ""
+    same_rows_mask = ~differ.any(-1)
+    agree = float((a.logprobs.cpu() - b.logprobs.cpu())[same_rows_mask].abs().max()) if same_rows_mask.any() else 0.0
+    gaps = []
+    for n, r in differ.any(-1).nonzero().tolist():
+        j = int(differ[n, r].nonzero()[0])
+        gaps.append(abs(float(a.logprobs[n, r, j]) - float(b.logprobs[n, r, j])))
+    return (f"; at the first differing token the two picks' log-probs are {max(gaps):.1e} apart (log-probs of "
+            f"agreeing sequences differ by up to {agree:.1e}: {'a near-tie' if max(gaps) <= agree else 'NOT a near-tie'})")
+
+
 def run(shape: Shape, n: int, batch: int, args: argparse.Namespace, peak: float) -> dict:
     device, new = args.device, args.new
     model = build(shape, device)
@@ -176,9 +194,9 @@ def run(shape: Shape, n: int, batch: int, args: argparse.Namespace, peak: float)
 
     paths = {
         "(a) full-rank population": lambda: population_generate(model, Population(theta, seeds, 0.01, full), ids,
-                                                                 mask, *gen).tokens,
+                                                                 mask, *gen),
         "(b) one generate per member": lambda: sequential_generate(model, Population(theta, seeds, 0.01, full), ids,
-                                                                    mask, *gen).tokens,
+                                                                    mask, *gen),
         f"(c) low-rank r={args.rank} population": lambda: population_generate(
             model, Population(theta, seeds, 0.01, low), ids, mask, *gen).tokens,
         "(d) batch inference (generate)": hf_batch,
@@ -202,16 +220,18 @@ def run(shape: Shape, n: int, batch: int, args: argparse.Namespace, peak: float)
         print(f"    {tag:34s} {tokens / wall:8.1f} tok/s  {wall:7.2f} s wall ({cpu:7.2f} s cpu)  "
               f"{flops / wall / 1e9:6.1f} GFLOP/s = {flops / wall / peak:5.1%} of matmul{vs}", flush=True)
     times = {k[:3]: v for k, v in results.items()}
+    tokens_of = {k: (v[2] if isinstance(v[2], torch.Tensor) else v[2].tokens) for k, v in times.items()}
     if "(a)" in times and "(b)" in times:
+        a, b = times["(a)"][2], times["(b)"][2]
         print(f"    (a)/(b) = {times['(b)'][0] / times['(a)'][0]:.2f}x wall ({times['(b)'][1] / times['(a)'][1]:.2f}x "
-              f"cpu); identical tokens (a) vs (b): {same_rows(times['(a)'][2], times['(b)'][2])}")
+              f"cpu); identical tokens (a) vs (b): {same_rows(a.tokens, b.tokens)}{near_ties(a, b)}")
     if "(c)" in times:
         rows = torch.arange(min(2, n))
         check = sequential_generate(model, Population(theta, seeds, 0.01, low), ids, mask, *gen, member_rows=rows)
         print(f"    identical tokens (c) vs one generate per low-rank member (members 0-{len(rows) - 1}): "
-              f"{same_rows(times['(c)'][2][rows], check.tokens)}")
+              f"{same_rows(tokens_of['(c)'][rows], check.tokens)}")
     if "(d)" in times and "(e)" in times:
-        print(f"    identical tokens (e) vs (d): {same_rows(times['(e)'][2], times['(d)'][2])}")
+        print(f"    identical tokens (e) vs (d): {same_rows(tokens_of['(e)'], tokens_of['(d)'])}")
     return {k: tokens / v[0] for k, v in times.items()}
 
 
