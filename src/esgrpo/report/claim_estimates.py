@@ -20,6 +20,7 @@ from esgrpo.report.frames import (
     drift_norms,
     entropy_change,
     js_gain_frame,
+    lowrank_contrasts,
     sparsity_frame,
     stage_frame,
     theory_ratios,
@@ -271,7 +272,22 @@ def ablation_claims(data: StageInputs, prompts: pd.DataFrame) -> dict[str, dict]
             out[cid] = paired_estimate(sets[a], sets[b], "mean@n", budget="iterations = rollouts (same N)")
         else:
             out[cid] = not_run(f"config has no ES {b if a != 'antithetic' else a} ablation run")
-    return out
+    return {**out, **lowrank_claim(sets, data.setup.get("main_rank"))}
+
+
+def lowrank_claim(sets: dict[str, pd.DataFrame], main_rank: int | None) -> dict[str, dict]:
+    """Low-rank - full-rank test mean@n at the same N, paired per prompt, for each rank of es.ablations.ranks;
+    judged on the rank whose CI lies farthest from 0 (the claim must hold for every rank), as b_population
+    is judged on its worst model."""
+    contrasts = lowrank_contrasts(sets, main_rank)
+    if not contrasts or "zscore" not in sets:
+        return {"es_lowrank_matches": not_run("config has no low-rank ES ablation run (es.ablations.ranks)")}
+    per_rank = {name: paired_estimate(sets[a], sets[b], "mean@n") for name, a, b in contrasts}
+    worst = max(per_rank, key=lambda c: np.nan_to_num(max(abs(per_rank[c]["lo"]), abs(per_rank[c]["hi"])),
+                                                      nan=np.inf))
+    each = ", ".join(f"{c} {e['estimate']:+.3f}" for c, e in per_rank.items())
+    return {"es_lowrank_matches": {**per_rank[worst],
+                                   "budget": f"iterations = rollouts (same N); {each}; judged on {worst}"}}
 
 
 PAPER_B_POPULATIONS = (16, 64)  # paper B: N=16 within 0.01 of the N=64 reference (docs/references.md)

@@ -270,9 +270,19 @@ def without_stage_one_copies(frame: pd.DataFrame, setup: dict) -> pd.DataFrame:
     return frame[keep].reset_index(drop=True)
 
 
+# The norm-theory figure's marker per noise: low-rank runs (es.ablations.ranks) are their own points.
+NOISE_MARKERS = {"full-rank": "o", "low-rank": "X"}
+
+
+def noise_of(run: str) -> str:
+    """The key of NOISE_MARKERS for a run name: full-rank or low-rank noise."""
+    return "full-rank" if math.isnan(run_labels(run)["noise_rank"]) else "low-rank"
+
+
 def figure_es_norm_theory(data: StageInputs, output: dict) -> None:
     """||theta_t - theta_0||^2 against the updates, one panel per (model, task), one colour per setting
-    (its seeds pooled), the theory alpha^2 T d / N dashed for the runs it is about (z-scored, one-sided)."""
+    (its seeds pooled; low-rank runs as crosses), the theory alpha^2 T d / N dashed for the runs it is about
+    (z-scored, one-sided, full- or low-rank noise)."""
     theory = without_stage_one_copies(data.analysis("theory"), data.setup)
     if theory.empty:
         return placeholder(output, "ES norm vs theory", "no norm-theory analyses")
@@ -280,7 +290,9 @@ def figure_es_norm_theory(data: StageInputs, output: dict) -> None:
     x = "updates" if "updates" in theory else "iteration"
     fits = theory_ratios(theory)
     theory = theory.assign(setting=[variant_of(r) + ("" if k in ZSCORE_ONE_SIDED else " (theory n/a)")
-                                    for r, k in zip(theory["run"], theory["run_kind"], strict=True)])
+                                    for r, k in zip(theory["run"], theory["run_kind"], strict=True)],
+                           noise=[noise_of(r) for r in theory["run"]])
+    marker = dict(zip(theory["setting"], theory["noise"].map(NOISE_MARKERS), strict=False))
     panels = sorted(set(zip(theory["model"], theory["task"], strict=True)))
     settings = ordered(theory["setting"])
     colours = palette_for(sns, settings)
@@ -289,7 +301,8 @@ def figure_es_norm_theory(data: StageInputs, output: dict) -> None:
     def draw(fig, axes):
         for ax, (model, task) in zip(axes.ravel(), panels, strict=False):
             d = theory[(theory["model"] == model) & (theory["task"] == task)]
-            sns.scatterplot(data=d, x=x, y="sq_distance", hue="setting", palette=colours, ax=ax, s=28, legend=False)
+            sns.scatterplot(data=d, x=x, y="sq_distance", hue="setting", palette=colours, style="noise",
+                            markers=NOISE_MARKERS, ax=ax, s=28, legend=False)
             for _run, g in d[d["run_kind"].isin(ZSCORE_ONE_SIDED)].groupby("run"):
                 ax.plot(g[x], g["theory_sq"], ls="--", lw=0.9, color="black", alpha=0.6, zorder=1)
             f = fits[(fits["model"] == model) & (fits["task"] == task) & fits["applies"].astype(bool)]
@@ -300,7 +313,7 @@ def figure_es_norm_theory(data: StageInputs, output: dict) -> None:
             ax.axis("off")
         label_left(axes, "||theta_t - theta_0||^2")
         line = pyplot().Line2D
-        entries = [(line([], [], ls="", marker="o", color=colours[v]), v) for v in settings]  # in order
+        entries = [(line([], [], ls="", marker=marker[v], color=colours[v]), v) for v in settings]  # in order
         shared_legend(fig, axes, "setting (seeds pooled)",
                       [*entries, (line([], [], ls="--", lw=0.9, color="black"), "theory alpha^2 T d / N")])
 

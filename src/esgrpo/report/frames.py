@@ -101,17 +101,34 @@ def ablation_frames(data: StageInputs) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def ablation_sets(prompts: pd.DataFrame, n: int) -> dict[str, pd.DataFrame]:
-    """setting -> prompts at the main population: zscore (= one-sided), rank, none, antithetic."""
+    """setting -> prompts at the main population: zscore (= one-sided), rank, none, antithetic, and one
+    ``low-rank r=<r>`` per noise rank of es.ablations.ranks (kind es_rank); zscore is the main runs' noise."""
     out = {}
     if prompts.empty:
         return out
     main = prompts[prompts["population"] == n]
-    out["zscore"] = main[(main["normalization"] == "zscore") & ~main["antithetic"].astype(bool)]
+    other_noise = main["kind"] == "es_rank"
+    out["zscore"] = main[(main["normalization"] == "zscore") & ~main["antithetic"].astype(bool) & ~other_noise]
     out["rank"] = main[main["normalization"] == "rank"]
     out["none"] = main[main["normalization"] == "none"]
     out["one-sided"] = out["zscore"]
     out["antithetic"] = main[(main["normalization"] == "zscore") & main["antithetic"].astype(bool)]
+    for r, g in main[other_noise].groupby("noise_rank", sort=True):
+        out[lowrank_label(r)] = g
     return {k: v for k, v in out.items() if not v.empty}
+
+
+def lowrank_label(rank: float | None) -> str:
+    """The setting name of a noise rank (``low-rank r=4``; NaN / None: ``full-rank``)."""
+    return "full-rank" if rank is None or pd.isna(rank) else f"low-rank r={int(rank)}"
+
+
+def lowrank_contrasts(sets: dict[str, pd.DataFrame], main_rank: int | None) -> list[tuple[str, str, str]]:
+    """(contrast name, setting a, setting b) of every low-rank setting against the main runs' noise at the
+    same N, alpha and sigma (issue 20): ``low-rank r=1 - full-rank`` with full-rank main runs."""
+    reference = lowrank_label(main_rank)
+    return [(f"{label} - {reference}", label, "zscore") for label in sets
+            if label.startswith("low-rank r=") and label != reference]
 
 
 def population_rewards(metrics: pd.DataFrame) -> pd.DataFrame:

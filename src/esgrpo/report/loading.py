@@ -46,28 +46,30 @@ def variant_of(run: str) -> str:
 
 
 def run_labels(run: str) -> dict:
-    """population / normalization / antithetic / stage of a run (NaN / None where it does not apply)."""
-    out = {"population": np.nan, "normalization": None, "antithetic": None, "stage": np.nan}
+    """population / normalization / antithetic / noise_rank / stage of a run (NaN / None where it does not
+    apply; noise_rank NaN: full-rank noise)."""
+    out = {"population": np.nan, "normalization": None, "antithetic": None, "noise_rank": np.nan, "stage": np.nan}
     if run == BASE:
         return out
     name = parse_run_name(run)
     if name.family in ("es", "snapshot"):
-        out.update(population=name.population, normalization=name.normalization, antithetic=name.antithetic)
+        out.update(population=name.population, normalization=name.normalization, antithetic=name.antithetic,
+                   noise_rank=np.nan if name.rank is None else name.rank)
     elif name.family == "continual":
         out["stage"] = name.stage
     return out
 
 
 def with_labels(df: pd.DataFrame) -> pd.DataFrame:
-    """Adds population / normalization / antithetic / stage columns parsed from the run names."""
+    """Adds population / normalization / antithetic / noise_rank / stage columns parsed from the run names."""
     if df.empty:
-        return df.assign(population=np.nan, normalization=None, antithetic=None, stage=np.nan)
+        return df.assign(population=np.nan, normalization=None, antithetic=None, noise_rank=np.nan, stage=np.nan)
     labels = pd.DataFrame([run_labels(r) for r in df["run"]], index=df.index)
     return df.drop(columns=[c for c in labels.columns if c in df]).join(labels)
 
 
 def _kinds(runs: pd.Series, setup: dict) -> pd.Series:
-    return runs.map(lambda r: run_kind(r, setup["main_n"], setup["main_g"]))
+    return runs.map(lambda r: run_kind(r, setup["main_n"], setup["main_g"], setup.get("main_rank")))
 
 
 def _with_run_columns(df: pd.DataFrame, setup: dict, kind_column: str = "kind") -> pd.DataFrame:

@@ -14,6 +14,7 @@ from esgrpo.report.frames import (
     drift_norms,
     entropy_change,
     entropy_labels,
+    lowrank_contrasts,
     population_of_variant,
     population_rewards,
     sparsity_frame,
@@ -82,7 +83,10 @@ CAPTIONS = {
                    "Resetting one module type to the base (kind = reset_module): accuracy and share of the gain "
                    "lost. 95% CIs over runs (seeds)."),
     "b_ablations": ("Paper B: ES ablations on {ablation_task} at N = {main_n}: fitness "
-                    "normalisation (z-score vs rank vs none) and one-sided vs antithetic (two-point) members. Test "
+                    "normalisation (z-score vs rank vs none), one-sided vs antithetic (two-point) members, and "
+                    "low-rank noise (low-rank r=<r>: each 2-D weight's perturbation A B^T / sqrt(r), as EGGROLL, "
+                    "arXiv 2511.16652; es.ablations.ranks) against the main runs' noise at the same N, alpha and "
+                    "sigma. Test "
                     "greedy / mean@n (= Pass@1) / Pass@K with 95% CIs over seeds and prompts; final train reward = "
                     "mean fitness over the last 10% of iterations, at least 3 (CI over seeds and iterations). Contrast rows are "
                     "paired differences (per prompt; per iteration for the train reward). All settings share N, "
@@ -339,10 +343,12 @@ def _ablation_setting_rows(keys: dict, sets: dict, curves: pd.DataFrame, metrics
     return rows
 
 
-def _ablation_contrast_rows(keys: dict, sets: dict, curves: pd.DataFrame, metrics: list[str]) -> list[dict]:
-    """Paired differences between settings: per prompt on test metrics, per iteration on the train reward."""
+def _ablation_contrast_rows(keys: dict, sets: dict, curves: pd.DataFrame, metrics: list[str],
+                            main_rank: int | None = None) -> list[dict]:
+    """Paired differences between settings: per prompt on test metrics, per iteration on the train reward;
+    the fitness contrasts, then each low-rank noise against the main runs' (frames.lowrank_contrasts)."""
     rows = []
-    for name, a, b in ABLATION_CONTRASTS:
+    for name, a, b in (*ABLATION_CONTRASTS, *lowrank_contrasts(sets, main_rank)):
         if a not in sets or b not in sets:
             continue
         for metric in metrics:
@@ -358,7 +364,7 @@ def _ablation_contrast_rows(keys: dict, sets: dict, curves: pd.DataFrame, metric
 
 def build_b_ablations(data: StageInputs) -> pd.DataFrame:
     setup = data.setup
-    task, n = setup["ablation_task"], setup["main_n"]
+    task, n, main_rank = setup["ablation_task"], setup["main_n"], setup.get("main_rank")
     if task is None or n is None:
         return pd.DataFrame()
     prompts, curves = ablation_frames(data)
@@ -369,19 +375,19 @@ def build_b_ablations(data: StageInputs) -> pd.DataFrame:
         model_prompts = prompts[prompts["model"] == model] if not prompts.empty else prompts
         model_curves = curves[curves["model"] == model] if not curves.empty else curves
         sets = ablation_sets(model_prompts, n)
-        if len(sets) < 2 or not ({"rank", "none", "antithetic"} & set(sets)):
+        if len(sets) < 2 or not ({"rank", "none", "antithetic"} & set(sets) or lowrank_contrasts(sets, main_rank)):
             continue
         metrics = ["greedy", "mean@n", f"pass@{max(setup['ks'][model])}"]
         keys = {"model": model, "task": task}
         rows += _ablation_setting_rows(keys, sets, model_curves, metrics)
-        rows += _ablation_contrast_rows(keys, sets, model_curves, metrics)
+        rows += _ablation_contrast_rows(keys, sets, model_curves, metrics, main_rank)
     return pd.DataFrame(rows)
 
 
 def table_b_ablations(data: StageInputs, output: dict) -> None:
     caption = CAPTIONS["b_ablations"].format(**data.setup)
     write_long_table(output, caption, build_b_ablations(data), "no ES ablation runs in this config "
-                     "(es.ablations.normalization / antithetic)", ["model", "task", "setting", "variant"],
+                     "(es.ablations.normalization / antithetic / ranks)", ["model", "task", "setting", "variant"],
                      columns="metric")
 
 

@@ -13,25 +13,29 @@ from pathlib import Path
 
 from esgrpo.config import judged_on
 from esgrpo.evaluation.heldout import heldout_files
-from esgrpo.runs import continual_stage_one, parse_run_name, planned_runs
+from esgrpo.runs import config_rank, continual_stage_one, parse_run_name, planned_runs
 
 BASE = "base"  # the base model's evaluation folder and the "run" of its rows
 ANALYSES = ("drift", "theory", "cosine", "sparsity", "kl", "interpolation")
 METHOD = {"base": "base", "es": "ES", "grpo": "GRPO", "es->grpo": "ES->GRPO", "grpo->es": "GRPO->ES",
           "cl_es": "ES", "cl_grpo": "GRPO", "es_pop": "ES", "es_norm": "ES", "es_anti": "ES",
-          "grpo_group": "GRPO"}
+          "grpo_group": "GRPO", "es_rank": "ES"}
 METHOD_ORDER = ["base", "ES", "GRPO", "ES->GRPO", "GRPO->ES"]
 RATIO_ORDER = ["ES", "GRPO", "ES/GRPO"]  # columns of the update-norm tables
-ES_KINDS = {"es", "es_pop", "es_norm", "es_anti"}
-# runs the alpha*sqrt(T d/N) theory is about: z-scored fitness (sum z^2 = N), independent members
-ZSCORE_ONE_SIDED = {"es", "es_pop", "cl_es", "grpo->es"}
+ES_KINDS = {"es", "es_pop", "es_norm", "es_anti", "es_rank"}
+# runs the alpha*sqrt(T d/N) theory is about: z-scored fitness (sum z^2 = N), independent members. Low-rank
+# noise (es_rank) too: E = A B^T / sqrt(r) with iid standard factors has E||E||_F^2 = m n, as full-rank noise
+# (esgrpo.analysis.theory; issue 20).
+ZSCORE_ONE_SIDED = {"es", "es_pop", "cl_es", "grpo->es", "es_rank"}
 # Per-run analyses computed for main runs and continual stages: a stage-1 main run's file also stands
 # for its continual alias. (Sparsity is computed for main runs only and is not aliased.)
 ALIASED_ANALYSES = ("drift", "theory", "kl")
 
 
-def run_kind(run: str, main_n: int | None, main_g: int | None) -> str:
-    """base | es | es_pop | es_norm | es_anti | es_snap | grpo | grpo_group | es->grpo | grpo->es | cl_es | cl_grpo."""
+def run_kind(run: str, main_n: int | None, main_g: int | None, main_rank: int | None = None) -> str:
+    """base | es | es_pop | es_norm | es_anti | es_rank | es_snap | grpo | grpo_group | es->grpo | grpo->es |
+    cl_es | cl_grpo. es_rank: an ES run whose noise rank differs from the main runs' (`main_rank`, None =
+    full-rank; es.ablations.ranks), so that it never joins the main ES rows."""
     if run == BASE:
         return BASE
     name = parse_run_name(run)
@@ -42,6 +46,8 @@ def run_kind(run: str, main_n: int | None, main_g: int | None) -> str:
             return "es_norm"
         if name.antithetic:
             return "es_anti"
+        if name.rank != main_rank:
+            return "es_rank"
         return "es" if name.population == main_n else "es_pop"
     if name.family == "grpo":
         return "grpo" if name.group == main_g else "grpo_group"
@@ -87,6 +93,7 @@ def paper_setup(config: dict) -> dict:
         "has_grpo": bool(grpo),
         "main_n": int(es["population_sizes"][0]) if es else None,
         "main_g": int(grpo["group_sizes"][0]) if grpo else None,
+        "main_rank": config_rank(config) if es else None,  # the main ES runs' noise rank (None: full-rank)
         "sequential_task": seq.get("task") if (es and grpo) else None,
         "continual": continual,
         "continual_methods": methods,
@@ -117,7 +124,7 @@ NEEDS: dict[str, dict] = {
     "b_sequential": {"prompts": _ALL_SINGLE, "where": "sequential"},
     "b_drift": {"drift": {"es", "grpo"}},
     "b_sparsity": {"sparsity": "all", "prompts": {"base"}},
-    "b_ablations": {"prompts": {"es", "es_norm", "es_anti"}, "metrics": {"es", "es_norm", "es_anti"},
+    "b_ablations": {"prompts": {"es", "es_norm", "es_anti", "es_rank"}, "metrics": {"es", "es_norm", "es_anti", "es_rank"},
                     "where": "ablation"},
     "b_population": {"prompts": {"es", "es_pop"}, "metrics": {"es", "es_pop"}, "where": "ablation"},
     "b_entropy": {"prompts": _TEST_ES_GRPO, "metrics": {"es", "grpo"}},
@@ -176,9 +183,9 @@ def stage_one_aliases(setup: dict) -> dict[tuple[str, str], str]:
 
 def kinds_served(task: str, run: str, setup: dict) -> set[str]:
     """The kinds a (task, run) file serves: its own, plus cl_* when it is stage 1 of a sequence."""
-    kinds = {run_kind(run, setup["main_n"], setup["main_g"])}
+    kinds = {run_kind(run, setup["main_n"], setup["main_g"], setup.get("main_rank"))}
     alias = stage_one_aliases(setup).get((task, run))
-    return kinds | {run_kind(alias, setup["main_n"], setup["main_g"])} if alias else kinds
+    return kinds | {run_kind(alias, setup["main_n"], setup["main_g"], setup.get("main_rank"))} if alias else kinds
 
 
 def _run_files(config: dict, setup: dict, needs: dict, results: str) -> dict[str, list[str]]:
