@@ -100,3 +100,28 @@ def test_one_seed_norm_ratio_has_a_tensor_ci_and_fails_when_grpo_moves_farther()
     claim = next(c for c in CLAIMS if c.id == "a_norm_ratio_continual")
     assert est["lo"] < est["estimate"] < est["hi"] < 1 and "one seed" in est["budget"]
     assert verdict(est["estimate"], est["lo"], est["hi"], claim) == "does not hold"
+
+
+def test_lowrank_claim_is_equivalence_on_the_farthest_rank(tmp_path, monkeypatch):
+    """es_lowrank_matches: low-rank - full-rank test mean@n at the same N for every rank of es.ablations.ranks.
+    Low-rank runs that are the full-rank runs' evaluations again (difference 0 on every prompt) hold; rank 4
+    at 0.2 success against ES's 0.45 does not, and the claim is judged on that rank; no ranks: not run."""
+    claim = next(c for c in CLAIMS if c.id == "es_lowrank_matches")
+    assert claim.comparison == "~=0" and claim.margin > 0
+    for case, success, expected in (("same", {1: "main", 4: "main"}, "holds"),
+                                    ("worse", {1: "main", 4: 0.2}, "does not hold")):
+        monkeypatch.setattr(synthetic_results, "LOWRANK_SUCCESS", success)
+        root = tmp_path / case
+        row = pd.read_csv(build(root, "claims", make_results(root))["csv"]).set_index("id").loc["es_lowrank_matches"]
+        assert row["verdict"] == expected, row.to_dict()
+        assert "low-rank r=1 - full-rank +0.000" in row["budget"]
+        if case == "same":
+            assert row["estimate"] == row["lo"] == row["hi"] == 0
+        else:
+            assert row["budget"].endswith("judged on low-rank r=4 - full-rank") and row["hi"] < -claim.margin
+    config = copy.deepcopy(CONFIG)
+    del config["es"]["ablations"]["ranks"]
+    root = tmp_path / "none"
+    row = pd.read_csv(build(root, "claims", make_results(root, config=config), config=config)["csv"]).set_index("id")
+    assert row.loc["es_lowrank_matches", "verdict"] == "not run"
+    assert "es.ablations.ranks" in row.loc["es_lowrank_matches", "status"]

@@ -19,7 +19,7 @@ from conftest import REPO, run_workflow
 from esgrpo.config import judged_on, model_eval_tasks
 from esgrpo.report import claim_estimates, frames, loading, planning, stages, stats
 from esgrpo.report.claims import CLAIMS, VERDICTS, Claim, claims_table, verdict
-from esgrpo.runs import planned_runs
+from esgrpo.runs import es_name, planned_runs
 
 TASKS = ["countdown3", "sum_yesno", "leg_count"]
 CONFIG = {
@@ -27,7 +27,7 @@ CONFIG = {
     "eval": {"n_samples": 8, "ks": [1, 2, 4, 8]},
     "es": {"population_sizes": [4], "seeds": [0, 1], "settings": {},
            "ablations": {"task": "countdown3", "population_sizes": [2, 8], "normalization": ["rank", "none"],
-                         "antithetic": True}},
+                         "antithetic": True, "ranks": [1, 4]}},
     "grpo": {"group_sizes": [4], "seeds": [0, 1], "settings": {}},
     "sequential": {"task": "countdown3", "continual": ["countdown3", "sum_yesno"],
                    "continual_methods": ["es", "grpo"]},
@@ -39,6 +39,9 @@ MODULES = {"model.embed_tokens.weight": "embedding", "model.layers.0.self_attn.q
 # the 10 logged steps): N=4 is within 0.01 of N=8
 POP_REWARD = {2: 0.60, 4: 0.695, 8: 0.70}
 FINAL_WINDOW = 3
+# low-rank ablation runs (kind es_rank) by noise rank: a success probability, or "main" for a copy of the
+# full-rank main run's prompts of the same seed (no difference at all); a rank not listed: ES's 0.45
+LOWRANK_SUCCESS: dict = {}
 
 
 def _success(kind: str, on_task: bool, i: int, grpo_sharp: bool) -> float:
@@ -53,14 +56,15 @@ def _success(kind: str, on_task: bool, i: int, grpo_sharp: bool) -> float:
     return 0.45
 
 
-def _prompt_rows(model, run, train_task, kind, rng, grpo_sharp, config=CONFIG):
+def _prompt_rows(model, run, train_task, kind, rng, grpo_sharp, config=CONFIG, success=None):
+    """success: the on-task success probability instead of the kind's (_success)."""
     rows = []
     judged = judged_on(config, model, train_task) if kind != "base" else []
     continual = (config.get("sequential") or {}).get("continual") or []
     for eval_task in model_eval_tasks(config, model):  # the default CONFIG: TASKS
         on = eval_task in judged or (kind.startswith("cl_") and eval_task in continual)
         for i in range(N_PROMPTS):
-            p = _success(kind, on, i, grpo_sharp)
+            p = success if (success is not None and on) else _success(kind, on, i, grpo_sharp)
             correct = int(rng.binomial(N, p))
             # ES greedy is right on every prompt of its own task: a constant column (zero-width CI)
             greedy = True if (kind == "es" and eval_task == train_task) else bool(rng.random() < p)
@@ -112,13 +116,22 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
         pd.DataFrame(rows).to_csv(path, index=False)
         analysis.append(str(path))
 
+    written = {}
     for model in config["models"]:
         jsonl(res / model / "base" / "eval_prompts.jsonl", _prompt_rows(model, "base", "none", "base", rng, grpo_sharp, config))
         a = res / "analysis" / model
         for task, run in planned_runs(config, model):
-            kind = planning.run_kind(run, setup["main_n"], setup["main_g"])
+            kind = planning.run_kind(run, setup["main_n"], setup["main_g"], setup["main_rank"])
             d = res / model / task / run
-            jsonl(d / "eval_prompts.jsonl", _prompt_rows(model, run, task, kind, rng, grpo_sharp, config))
+            rows = _prompt_rows(model, run, task, kind, rng, grpo_sharp, config)
+            low = LOWRANK_SUCCESS.get(loading.run_labels(run)["noise_rank"]) if kind == "es_rank" else None
+            if low == "main":  # main runs come first in planned_runs
+                main = es_name(setup["main_n"], loading.seed_of(run))
+                rows = [{**r, "run": run} for r in written[(model, task, main)]]
+            elif low is not None:
+                rows = _prompt_rows(model, run, task, "es_lowrank", rng, grpo_sharp, config, success=low)
+            written[(model, task, run)] = rows
+            jsonl(d / "eval_prompts.jsonl", rows)
             jsonl(d / "metrics.jsonl", _metrics_rows(run, kind, rng))
             scale = 0.05 if "grpo" in kind.split("->")[-1] else 1.0
             stage = loading.run_labels(run)["stage"]
@@ -208,6 +221,12 @@ def test_run_names_classify_and_carry_their_seed():
     assert loading.variant_of("cl_es-s3-k2") == "cl_es-k2" and loading.variant_of("es-n16-norm_rank-s0") == "es-n16-norm_rank"
     # a snapshot of the main ES run: its own kind, its budget in the method column, its seed
     assert planning.run_kind("es-n16-it100-s2", 16, 8) == "es_snap" and loading.seed_of("es-n16-it100-s2") == 2
+    # low-rank noise other than the main runs' is a kind of its own (es.ablations.ranks), never a main ES row;
+    # under a low-rank main config (es.settings.noise lowrank, rank 4) its own rank is the main run
+    assert planning.run_kind("es-n16-r4-s0", 16, 8) == "es_rank" and planning.run_kind("es-n16-r4-s0", 16, 8, 4) == "es"
+    assert planning.run_kind("es-n16-s0", 16, 8, 4) == "es_rank" and planning.run_kind("es-n4-r4-s0", 16, 8, 4) == "es_pop"
+    assert loading.run_labels("es-n16-r4-s0")["noise_rank"] == 4 and math.isnan(loading.run_labels("es-n16-s0")["noise_rank"])
+    assert loading.variant_of("es-n16-r4-s1") == "es-n16-r4"
     assert planning.method_of("es-n16-it100-s2", "es_snap") == "ES (100 it)" and planning.method_of("x", "es") == "ES"
     assert loading.variant_of("es-n16-it100-s2") == "es-n16-it100"
 
@@ -428,6 +447,40 @@ def test_every_table_builds_with_cis(synthetic, name):
         m, hi = table[lo[:-3]], table[lo[:-3] + "_hi"]
         ok = m.isna() | table[lo].isna() | ((table[lo] <= m + 1e-12) & (m <= hi + 1e-12))
         assert ok.all(), (name, lo)
+
+
+def _mean_at_n(root: Path, run: str, task: str = "countdown3") -> pd.Series:
+    rows = pd.DataFrame([json.loads(line) for line in
+                         (root / "results" / "tiny" / task / run / "eval_prompts.jsonl").read_text().splitlines()])
+    rows = rows[rows["eval_task"] == task]
+    return (rows["correct"] / rows["n"]).set_axis(rows["id"])
+
+
+def test_lowrank_ablation_rows_stand_beside_full_rank(synthetic):
+    """es.ablations.ranks [1, 4]: each rank is a setting of b_ablations with a paired contrast against the
+    full-rank main runs at the same N, whose mean@n is the mean of the per-prompt differences of the
+    evaluation files; the main rows keep only full-rank runs (their greedy is 1 on every prompt by
+    construction, the low-rank runs' is not)."""
+    root, analysis = synthetic
+    table = pd.read_csv(build(root, "b_ablations", analysis)["csv"])
+    cell = table.set_index(["setting", "metric"])["value"]
+    assert {"low-rank r=1", "low-rank r=4", "low-rank r=1 - full-rank", "low-rank r=4 - full-rank"} <= set(table["setting"])
+    assert cell[("zscore", "test greedy")] == 1.0 and cell[("low-rank r=1", "test greedy")] < 1.0
+    for r in (1, 4):
+        diff = pd.concat([_mean_at_n(root, f"es-n4-r{r}-s{s}") - _mean_at_n(root, f"es-n4-s{s}") for s in (0, 1)])
+        assert cell[(f"low-rank r={r} - full-rank", "test mean@n")] == pytest.approx(diff.mean())
+        assert cell[(f"low-rank r={r}", "test mean@n")] == pytest.approx(
+            pd.concat([_mean_at_n(root, f"es-n4-r{r}-s{s}") for s in (0, 1)]).mean())
+    # the norm theory applies to low-rank runs (E||A B^T / sqrt(r)||_F^2 = m n): their slope ratios count
+    # and in the norm-theory figure they are points of their own (crosses; it renders in test_every_figure_renders)
+    from esgrpo.report.figures import noise_of
+
+    inputs = planning.paper_inputs(CONFIG, "es_norm_theory", analysis, results=str(root / "results"))
+    setup = {**planning.paper_setup(CONFIG), "wanted": planning.NEEDS["es_norm_theory"]}
+    ratios = frames.theory_ratios(loading.StageInputs(inputs, setup).analysis("theory")).set_index("run")
+    assert ratios.loc[["es-n4-r1-s0", "es-n4-r4-s1"], "applies"].all()
+    assert ratios.loc["es-n4-r1-s0", "ratio"] == pytest.approx(1.02)
+    assert noise_of("es-n4-r1-s0") == "low-rank" and noise_of("es-n4-s0") == "full-rank"
 
 
 def test_sequential_table_forgetting(synthetic):
