@@ -195,6 +195,9 @@ def test_es_runs_train_log_and_evaluate(ci_workflow):
     assert {ev["eval_task"] for ev in evaluations} == {"countdown3", "sum_yesno"}
     rank_run = read_json(ci_workflow / "tiny" / "countdown3" / "es-n4-norm_rank-s0" / "summary.json")
     assert rank_run["provenance"]["config"]["settings"]["normalization"] == "rank"
+    # es.ablations.ranks [1]: a low-rank run beside the full-rank main run, at its N
+    low = read_json(ci_workflow / "tiny" / "countdown3" / "es-n4-r1-s0" / "summary.json")["provenance"]["config"]
+    assert (low["settings"]["noise"], low["settings"]["rank"], low["settings"]["population_size"]) == ("lowrank", 1, 4)
     prompts = read_jsonl(run / "eval_prompts.jsonl")
     assert all(0 <= p["correct"] <= p["n"] for p in prompts)
     json.dumps(prompts[0])
@@ -274,6 +277,10 @@ def test_every_analysis_table_and_figure_is_made(ci_workflow):
         assert (ci_workflow / "figures" / f"{name}.png").stat().st_size > 1000, name
     claims = pd.read_csv(ci_workflow / "tables" / "claims.csv")
     assert list(claims["id"]) == [c.id for c in CLAIMS]
+    # the low-rank ablation (es.ablations.ranks) has its rows, its contrast and a measured claim
+    ablations = pd.read_csv(ci_workflow / "tables" / "b_ablations.csv")
+    assert {"low-rank r=1", "low-rank r=1 - full-rank"} <= set(ablations["setting"])
+    assert claims.set_index("id").loc["es_lowrank_matches", "status"] == "measured"
     # continual stage 1 (the main run) reaches the sequential table under its continual name
     sequential = pd.read_csv(ci_workflow / "tables" / "a_sequential.csv")
     assert 1 in set(sequential["stage"])

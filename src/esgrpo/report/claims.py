@@ -16,7 +16,8 @@ non-inferiority tests ("not worse by more than margin"); ``~=0`` is an equivalen
 ("within +-margin of threshold"), which can only hold when the CI is narrower than 2*margin.
 
 ``CLAIMS`` (read from ``claims.yaml`` next to this file) is every checkable finding of the two
-papers: the list of questions and the tolerance each one is asked with, nothing measured. The
+papers, plus one the grid's low-rank ablation asks (``es_lowrank_matches``: does low-rank ES, as EGGROLL
+arXiv 2511.16652 trains it, match full-rank ES?): the list of questions and the tolerance each one is asked with, nothing measured. The
 estimates and their 95% bootstrap CIs come from :mod:`esgrpo.report.claim_estimates`, which also
 writes ``{results_dir}/tables/claims.*``.
 
