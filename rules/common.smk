@@ -321,7 +321,7 @@ ALL_ANALYSIS_TARGETS = [path for model in MODELS for path in analysis_targets(mo
 # keeps the rules' own resources and settings; `snakemake plan` still writes its plan.
 
 PLANNER = Planner(config, PlanSettings.from_config(config), analysis_targets=ALL_ANALYSIS_TARGETS)
-PLAN_SIZES_JOBS = PLANNER.targets_gpus
+PLAN_SIZES_JOBS = PLANNER.sizes_jobs
 if PLAN_SIZES_JOBS:
     PLANNER.check()
 

@@ -578,3 +578,33 @@ def test_refusals_read_well_and_follow_the_stated_limits(monkeypatch):
         else:
             with pytest.raises(PlanError, match="of which the plan fills at most 90%"):
                 plan_job(small)
+
+
+def test_host_only_plan_sizes_vllm_jobs_on_this_host():
+    """plan.gpu_type: cpu (configs/rehearsal.yaml, vLLM's CPU build): the vLLM jobs are host jobs, ES with a
+    core per engine and every engine's processes, weights and KV cache in its host memory; the same config
+    planned for an H200 asks for GPUs instead."""
+    from esgrpo.plan import PlanSettings
+    from esgrpo.plan.grid import Planner
+    from esgrpo.plan.host import VLLM_CPU_KV_CACHE_BYTES
+
+    config = load("configs/rehearsal.yaml")
+    assert config["plan"]["gpu_type"] == "cpu" and config["es"]["engine"]["num_engines"] == 2
+    planner = Planner(config, PlanSettings.from_config(config))
+    assert planner.sizes_jobs
+    es = planner.plan("train_run", "smollm2_135m", "sum_yesno", "es-n4-s0")
+    assert (es.job.backend, es.job.device, es.gpu_memory, es.gpus) == ("vllm", "cpu", None, 2)
+    assert es.resources() == {"mem_mb": es.mem_mb, "runtime": es.runtime_minutes, "gpu": 0, "gpu_model": "",
+                              "threads": 2, "cpus_per_gpu": 0}
+    assert es.host_memory.parts["engine KV cache"] == 2 * VLLM_CPU_KV_CACHE_BYTES
+    assert es.host_memory.parts["engine weights (bfloat16)"] == 2 * 2 * es.job.architecture.parameters
+    grpo = planner.plan("train_run", "smollm2_135m", "sum_yesno", "grpo-g4-s0")
+    assert (grpo.job.backend, grpo.job.device, grpo.resources()["threads"], grpo.resources()["gpu"]) == ("vllm", "cpu", 1, 0)
+    assert (grpo.micro_batch, grpo.grad_accum) == (8, 2)  # 16 completions, gradient_accumulation_steps 2
+    assert "engine KV cache" in grpo.host_memory.parts and "AdamW moments (fp32)" in grpo.host_memory.parts
+    ev = planner.plan("eval_base", "smollm2_135m", "base", "base")
+    assert (ev.job.backend, ev.job.device, ev.resources()["threads"]) == ("vllm", "cpu", 1)
+    on_gpu = Planner(config, PlanSettings.from_config(config, gpu_type="h200"))
+    gpu_es = on_gpu.plan("train_run", "smollm2_135m", "sum_yesno", "es-n4-s0")
+    assert gpu_es.job.device == "cuda" and gpu_es.resources()["gpu"] == 2
+    assert not Planner(load("config.yaml")).sizes_jobs  # the CPU default keeps the rules' own resources

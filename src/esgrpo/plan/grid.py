@@ -30,6 +30,8 @@ from esgrpo.plan.prompts import (
 # Test rows the Hub loaders give when the config's test_size is null (esgrpo.tasks.hub: paper sizes).
 TEST_ROWS = {"countdown": 2000, "math": 500, "chemistry": 2000, "boolq": 2000, "gsm8k": 1319}
 DEFAULT_TEST_ROWS = 500
+# plan.gpu_type for a grid whose GPU jobs (vLLM engines, TRL's colocated vLLM) run on this host's cores.
+HOST_ONLY = "cpu"
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ class PlanSettings:
         block = {"results": config.get("results_dir", cls.results), **(config.get("plan") or {})}
         block.update(overrides)
         return cls(**block)
+
+    def device(self, on_gpu: bool) -> str:
+        """Where a job that would take a GPU runs: "cuda", or "cpu" under `plan.gpu_type: cpu` (vLLM's CPU
+        build on this host: the rehearsal grid, configs/rehearsal.yaml), where every job is a host job."""
+        return "cuda" if on_gpu and self.gpu_type != HOST_ONLY else "cpu"
 
     def prompt_tokens_of(self, task: str) -> int:
         """The unmeasured prompt length of `task`: `plan.prompt_tokens`, else the stated constant."""
@@ -137,16 +144,16 @@ def train_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arc
         es = config.get("es") or {}
         engine = es.get("engine") or {}
         on_vllm = es.get("backend", "hf") == "vllm"
-        return JobSpec(**common, method="es", device="cuda" if on_vllm else "cpu",
+        return JobSpec(**common, method="es", device=settings.device(on_vllm),
                        backend="vllm" if on_vllm else "hf",
                        gpus=int(engine.get("num_engines") or settings.es_gpus) if on_vllm else None,
                        weight_dtype=engine.get("dtype", "bfloat16") if on_vllm else "float32",
                        iterations=int(s["iterations"]), population=int(s["population_size"]),
                        prompts=int(s.get("prompts_per_iteration") or 64))
     if spec.method == "grpo":
-        on_gpu = bool(s.get("use_vllm") or s.get("bf16"))
+        on_gpu = settings.device(bool(s.get("use_vllm") or s.get("bf16"))) == "cuda"
         completions = int(s["prompts_per_step"]) * int(s["num_generations"])
-        return JobSpec(**common, method="grpo", device="cuda" if on_gpu else "cpu",
+        return JobSpec(**common, method="grpo", device=settings.device(on_gpu),
                        backend="vllm" if s.get("use_vllm") else "hf", gpus=settings.grpo_gpus if on_gpu else None,
                        weight_dtype="bfloat16" if on_gpu else "float32", iterations=int(s["steps"]),
                        prompts=int(s["prompts_per_step"]), samples=int(s["num_generations"]),
@@ -167,7 +174,7 @@ def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arch
     on_vllm = ev.get("backend", "hf") == "vllm"
     on_gpu = on_vllm or str(ev.get("device", "cpu")).startswith("cuda")
     return JobSpec(rule="eval_base" if run == "base" else "eval_run", model=model, task=task, run=run,
-                   method="eval", architecture=arch, device="cuda" if on_gpu else "cpu",
+                   method="eval", architecture=arch, device=settings.device(on_gpu),
                    gpu_type=settings.gpu_type, gpus=1, backend="vllm" if on_vllm else "hf",
                    weight_dtype=ev.get("dtype", "bfloat16" if on_gpu else "float32"),
                    prompts=prompts, samples=int(ev.get("n_samples", 32)) + (1 if ev.get("greedy", True) else 0),
@@ -215,7 +222,7 @@ def base_samples_job(config: dict[str, Any], model: str, evaltask: str, arch: Ar
     ev = eval_params(config, model)
     on_gpu = str(ev.get("device", "cpu")).startswith("cuda") or ev.get("backend") == "vllm"
     return JobSpec(rule="analysis_base_samples", model=model, task=evaltask, run="base", method="eval",
-                   architecture=arch, device="cuda" if on_gpu else "cpu", gpu_type=settings.gpu_type, gpus=1,
+                   architecture=arch, device=settings.device(on_gpu), gpu_type=settings.gpu_type, gpus=1,
                    backend="hf", weight_dtype=ev.get("dtype", "bfloat16" if on_gpu else "float32"),
                    prompts=int(kl["n_prompts"]), samples=int(kl["samples_per_prompt"]),
                    prompt_tokens=(lengths or PromptTokens(config, settings))(model, evaltask, "test"),
@@ -279,9 +286,10 @@ class Planner:
         self._plans: dict[tuple[str, str, str, str], JobPlan] = {}
 
     @property
-    def targets_gpus(self) -> bool:
-        """Whether any job of the config runs on a GPU (the rules then take their resources from the plan)."""
-        return any(job.device != "cpu" for job in self.jobs.values())
+    def sizes_jobs(self) -> bool:
+        """Whether the rules take their resources from the plan: any job of the config runs on a GPU, or the
+        config's GPU jobs run on this host (plan.gpu_type: cpu, vLLM's CPU build)."""
+        return self.settings.gpu_type == HOST_ONLY or any(job.device != "cpu" for job in self.jobs.values())
 
     def plan(self, rule: str, model: str, task: str, run: str) -> JobPlan:
         key = (rule, model, task, run)

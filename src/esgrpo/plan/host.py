@@ -31,6 +31,36 @@ CUDA_LIBRARIES_BYTES = 2 * GIB
 VLLM_ENGINE_PROCESS_BYTES = 4 * GIB
 
 
+# vLLM's CPU build (`make vllm-env`; plan.gpu_type: cpu). One engine's processes before its model: the
+# front end and its EngineCore process, each with torch and vLLM imported (a Ray worker, for ES, in place
+# of the front end): estimate, checked by the rehearsal grid (docs/rehearsal.md, scripts/plan_vs_measured.py).
+VLLM_CPU_ENGINE_PROCESS_BYTES = int(1.5 * GIB)
+# The KV cache each engine allocates on the CPU build (esgrpo.engines.vllm_engine.CPU_KV_CACHE_GIB, 1 GiB).
+VLLM_CPU_KV_CACHE_BYTES = 1 * GIB
+# Ray's own processes on the ES job's node (GCS, raylet, dashboard agents): estimate, as above.
+RAY_PROCESSES_BYTES = 1 * GIB
+
+
+def vllm_cpu(arch: Architecture, method: str, *, engines: int, weight_dtype: str,
+             train_micro_batch: int = 0, prompt: int = 0, new: int = 0) -> dict[str, dict[str, int]]:
+    """Host memory of a job whose vLLM engines run on this host (vLLM's CPU build): each engine holds its
+    processes, its weights in `weight_dtype` and its KV cache. es: the driver's fp32 master and export beside
+    `engines` engines on Ray (`esgrpo.es.vllm_backend`); grpo: TRL's CPU training state (`grpo_cpu`, one
+    micro-batch) beside its colocated engine; eval: one engine and the weights being loaded."""
+    p = arch.parameters
+    engine = {"vLLM engine processes": engines * VLLM_CPU_ENGINE_PROCESS_BYTES,
+              f"engine weights ({weight_dtype})": engines * p * dtype_bytes(weight_dtype),
+              "engine KV cache": engines * VLLM_CPU_KV_CACHE_BYTES}
+    if method == "es":
+        return {"train": {"driver process": PROCESS_BASE["es"], "Ray processes": RAY_PROCESSES_BYTES, **engine,
+                          "fp32 master (one per job)": 4 * p, "export (fp32 state dict)": 4 * p}}
+    if method == "grpo":
+        phases = grpo_cpu(arch, completions=train_micro_batch, micro_batch=train_micro_batch, prompt=prompt, new=new)
+        return {name: {**terms, **engine} for name, terms in phases.items() if name != "generate"}
+    return {"generate": {"process (Python, torch, vLLM)": PROCESS_BASE["eval"], **engine,
+                         "weights being loaded": 4 * p}}
+
+
 def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: int,
            weight_dtype: str = "float32") -> dict[str, dict[str, int]]:
     """Phases of `esgrpo.es.loop.train_es` on the transformers backend, everything in host memory.

@@ -140,6 +140,7 @@ class JobPlan:
     vllm_max_model_len: int | None = None
     vllm_concurrency: int | None = None
     eval_batch: int | None = None
+    cpus: int = 1  # a host job's cores (--cpus-per-task): 1, or one per vLLM engine on vLLM's CPU build
 
     @property
     def fits(self) -> bool:
@@ -197,7 +198,7 @@ class JobPlan:
         gpu = self.gpus if self.gpu_memory is not None else 0
         return {"mem_mb": self.mem_mb, "runtime": self.runtime_minutes, "gpu": gpu,
                 "gpu_model": (self.job.gpu_type or "") if gpu else "",
-                "threads": gpu * cpus_per_gpu if gpu else 1, "cpus_per_gpu": cpus_per_gpu if gpu else 0}
+                "threads": gpu * cpus_per_gpu if gpu else self.cpus, "cpus_per_gpu": cpus_per_gpu if gpu else 0}
 
 
 def check_fits(plan: JobPlan) -> JobPlan:
@@ -496,9 +497,34 @@ def _plan_score_gpu(job: JobSpec, gpu: GpuType) -> JobPlan:
 # --------------------------------------------------------------------------- CPU
 
 
+def _plan_vllm_cpu(job: JobSpec) -> JobPlan:
+    """A job whose vLLM engines run on this host (plan.gpu_type: cpu, vLLM's CPU build): ES gets a core per
+    engine (`esgrpo.es.vllm_backend.cpu_engine_options` splits the job's cores), the rest one core."""
+    arch, new = job.architecture, job.new_tokens
+    engines = (job.gpus or 1) if job.method == "es" else 1
+    start = engines * runtime.START_SECONDS
+    if job.method == "es":
+        phases = host.vllm_cpu(arch, "es", engines=engines, weight_dtype=job.weight_dtype)
+        seconds = start + job.iterations * runtime.cpu_generation_seconds(arch, job.population * job.prompts, new) / engines
+        return JobPlan(job, engines, None, 0, peak(phases), seconds, cpus=engines)
+    if job.method == "grpo":
+        completions = job.prompts * job.samples
+        micro = job.micro_batch or completions
+        phases = host.vllm_cpu(arch, "grpo", engines=1, weight_dtype=job.weight_dtype, train_micro_batch=micro,
+                               prompt=job.prompt_tokens, new=new)
+        step = (runtime.cpu_generation_seconds(arch, completions, new)
+                + runtime.cpu_training_seconds(arch, completions * job.max_model_len))
+        return JobPlan(job, 0, None, 0, peak(phases), start + job.iterations * step, micro_batch=micro,
+                       grad_accum=completions // micro)
+    phases = host.vllm_cpu(arch, "eval", engines=1, weight_dtype=job.weight_dtype)
+    return JobPlan(job, 0, None, 0, peak(phases), start + runtime.cpu_generation_seconds(arch, job.prompts * job.samples, new))
+
+
 def _plan_cpu(job: JobSpec) -> JobPlan:
     """Jobs that run on the CPU: everything is host memory (the phases of esgrpo.plan.host)."""
     arch, new = job.architecture, job.new_tokens
+    if job.backend == "vllm" and job.method in ("es", "grpo", "eval"):
+        return _plan_vllm_cpu(job)
     if job.method == "es":
         phases = host.es_cpu(arch, members=job.population, prompts=job.prompts, prompt=job.prompt_tokens,
                              new=new, weight_dtype=job.weight_dtype)
