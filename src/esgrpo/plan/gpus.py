@@ -81,5 +81,5 @@ def gpu_type(name: str) -> GpuType:
     key = ALIASES.get(key, key)
     if key not in GPU_TYPES:
         raise PlanError(f"GPU type {name!r} is not in the plan's table; known: {sorted(GPU_TYPES)} "
-                        f"(and aliases {sorted(ALIASES)}); add it to esgrpo/plan/gpus.py")
+                        f"(and aliases {sorted(ALIASES)}), or cpu for vLLM's CPU build on this host; add it to esgrpo/plan/gpus.py")
     return GPU_TYPES[key]

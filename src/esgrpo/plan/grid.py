@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from esgrpo.plan.architecture import Architecture, PlanError, architecture_for
+from esgrpo.plan.gpus import gpu_type
 from esgrpo.plan.jobs import CPUS_PER_GPU, JobPlan, JobSpec, plan_job
 from esgrpo.plan.memory import GIB
 from esgrpo.plan.prompts import (
@@ -52,7 +53,10 @@ class PlanSettings:
     def from_config(cls, config: dict[str, Any], **overrides: Any) -> PlanSettings:
         block = {"results": config.get("results_dir", cls.results), **(config.get("plan") or {})}
         block.update(overrides)
-        return cls(**block)
+        settings = cls(**block)
+        if settings.gpu_type != HOST_ONLY:  # an unknown type fails here once, not once per job
+            gpu_type(settings.gpu_type)
+        return settings
 
     def device(self, on_gpu: bool) -> str:
         """Where a job that would take a GPU runs: "cuda", or "cpu" under `plan.gpu_type: cpu` (vLLM's CPU

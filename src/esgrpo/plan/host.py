@@ -52,8 +52,12 @@ def vllm_cpu(arch: Architecture, method: str, *, engines: int, weight_dtype: str
               f"engine weights ({weight_dtype})": engines * p * dtype_bytes(weight_dtype),
               "engine KV cache": engines * VLLM_CPU_KV_CACHE_BYTES}
     if method == "es":
+        # Every engine's worker holds the fp32 master theta and, beside vLLM's packed copy of each linear
+        # layer, the live weights the perturbations are written into (ESWorkerExtension._es_unpack_cpu_linears);
+        # engine 0 keeps theta0 on the host. Exports and checkpoints stream tensor by tensor.
         return {"train": {"driver process": PROCESS_BASE["es"], "Ray processes": RAY_PROCESSES_BYTES, **engine,
-                          "fp32 master (one per job)": 4 * p, "export (fp32 state dict)": 4 * p}}
+                          f"live weights beside the packed ones ({weight_dtype})": engines * p * dtype_bytes(weight_dtype),
+                          "fp32 master theta (one per engine)": engines * 4 * p, "theta0 (engine 0, fp32)": 4 * p}}
     if method == "grpo":
         phases = grpo_cpu(arch, completions=train_micro_batch, micro_batch=train_micro_batch, prompt=prompt, new=new)
         return {name: {**terms, **engine} for name, terms in phases.items() if name != "generate"}

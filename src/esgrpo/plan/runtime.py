@@ -75,6 +75,11 @@ REWARD_SECONDS = 1e-3
 # Loading a model and starting an engine: a minute, plus reading the weights at ~1 GB/s from a
 # shared file system (estimate).
 START_SECONDS, LOAD_BYTES_PER_S = 60.0, 1e9
+# vLLM's CPU build compiles a model's forward before its first request (torch.compile; ES engines run
+# eager and skip it): "Initial profiling/warmup run took" 217 s for SmolLM2-135M alone on a core, 424 s
+# beside another job on the 2-core rehearsal machine (docs/rehearsal.md), where the plan's 14 minutes
+# for an evaluation job were then nearly used up (13 min 44 s).
+VLLM_CPU_COMPILE_SECONDS = 450.0
 # CPU (see the module docstring).
 CPU_FLOPS, CPU_SECONDS_PER_TOKEN = 20e9, 1 / 15000
 
