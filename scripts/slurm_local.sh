@@ -97,9 +97,12 @@ SlurmctldPidFile=$RUN/slurmctld.pid
 SlurmdPidFile=$RUN/slurmd.pid
 SlurmctldLogFile=$LOG/slurmctld.log
 SlurmdLogFile=$LOG/slurmd.log
-# No cgroups in a container: processes tracked through /proc, no task binding.
+# No cgroups in a container: processes tracked through /proc. Tasks are bound to the job's CPUs
+# (sched_setaffinity), as task/cgroup or task/affinity do on a cluster: a job that reads its cores from
+# its affinity (vLLM's CPU build binds its OpenMP threads there) must not see the whole node. Under
+# task/none every one-CPU vLLM job of the rehearsal pinned its worker to core 0, two at once on one core.
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 # Cores and memory are consumable: a job waits until its --mem and CPUs are free (memory enforced).
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core_Memory

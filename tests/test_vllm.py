@@ -634,12 +634,15 @@ def test_pool_launch_on_vllms_cpu_build_splits_the_jobs_cores_and_refuses_what_r
     monkeypatch.setitem(sys.modules, "ray", ray)
     monkeypatch.setattr(vllm_backend, "on_vllm_cpu", lambda: True)
     monkeypatch.setattr(vllm_backend.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7})  # what SLURM gave the job
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        monkeypatch.setenv(name, "4")  # what Snakemake sets for a job of 4 threads
     pool = VLLMESPool.launch("m", num_engines=2, dtype="float32")
     assert len(pool.engines) == 2 and [a[-1] for a in ray.actors] == [True, False]
-    # ... and as many torch threads as its block holds, not the job's OMP_NUM_THREADS (else two threads spin on
-    # one pinned core, as in the rehearsal grid)
-    assert ray.options == [{"num_cpus": 2, "runtime_env": {"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": cores,
-                                                                         "OMP_NUM_THREADS": "2"}}}
+    # ... and as many threads as its block holds in every thread-count variable, not the job's (Snakemake sets
+    # them all to the job's threads: two OpenMP or MKL threads then spin on one pinned core, as in the rehearsal)
+    counts = {name: "2" for name in vllm_backend.THREAD_COUNT_VARIABLES}
+    assert {"OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"} <= set(counts)
+    assert ray.options == [{"num_cpus": 2, "runtime_env": {"env_vars": {"VLLM_CPU_OMP_THREADS_BIND": cores, **counts}}}
                            for cores in ("4,5", "6,7")]
     with pytest.raises(RuntimeError, match="num_engines not set"):
         VLLMESPool.launch("m", dtype="float32")  # Ray counts no GPU here: the plan must say how many

