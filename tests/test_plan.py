@@ -619,6 +619,19 @@ def test_host_only_plan_sizes_vllm_jobs_on_this_host():
                                      es.job.architecture, PlanSettings.from_config(config)))
     assert sparsity.host_memory.parts["3 fp32 checkpoints combined"] == 3 * 4 * p
     assert "3 fp32 checkpoints combined" not in ev.host_memory.parts
+
+    def analysis(kind: str, run: str):
+        path = f"results/rehearsal/analysis/smollm2_135m/{kind}/sum_yesno/{run}.csv"
+        return plan_job(analysis_job(config, path, es.job.architecture, PlanSettings.from_config(config)))
+
+    # drift holds the run and the base, and the run's start where it is not the base (a sequential stage,
+    # a snapshot): measured 1.32 GiB PSS for a main run's drift against the 2.0 GiB of three copies
+    assert analysis("drift", "es-n4-s0").host_memory.parts["2 fp32 copies of the model"] == 2 * 4 * p
+    for started_elsewhere in ("es-then-grpo-s0", "es-n4-it2-s0"):
+        assert analysis("drift", started_elsewhere).host_memory.parts["3 fp32 copies of the model"] == 3 * 4 * p
+    # the norm theory reads metrics files only (pandas, no torch, no model): 55-70 MiB PSS measured
+    from esgrpo.plan.host import METRICS_PROCESS_BYTES
+    assert analysis("theory", "es-n4-s0").host_memory.total == METRICS_PROCESS_BYTES < 100 * 2**20
     on_gpu = Planner(config, PlanSettings.from_config(config, gpu_type="h200"))
     gpu_es = on_gpu.plan("train_run", "smollm2_135m", "sum_yesno", "es-n4-s0")
     assert gpu_es.job.device == "cuda" and gpu_es.resources()["gpu"] == 2

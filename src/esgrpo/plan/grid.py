@@ -191,6 +191,7 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
     """The job writing analysis output `path` ({results_dir}/analysis/{model}/{kind}/{task}/{name}.csv);
     None for the outputs that are not a job of their own (a .json beside a .csv)."""
     from esgrpo.analysis.settings import analysis_config
+    from esgrpo.runs import run_spec
 
     parts = Path(path).parts
     if not path.endswith(".csv") and "base_samples" not in parts:
@@ -203,7 +204,14 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
     prompts = base.prompts if not ev.get("test_size") else min(base.prompts, int(ev["test_size"]))
     rule = f"analysis_{kind}"
     if kind in ("drift", "cosine", "theory"):
-        return replace(base, rule=rule, method="compare", device="cpu", copies={"drift": 3, "cosine": 4}.get(kind, 0))
+        # drift loads the run, the base and, for a run that started elsewhere (a sequential stage, a snapshot),
+        # its start (esgrpo.workflow.stages.analysis.drift_stage): planned as three copies for every run, the
+        # rehearsal's drift of a main run measured 1.32 GiB PSS against 2.0 GiB planned
+        if kind == "drift":
+            copies = 2 if run_spec(config, task, name).init is None else 3
+        else:  # cosine: the base and three runs' deltas (named by its seed, not a run); theory: no model
+            copies = 4 if kind == "cosine" else 0
+        return replace(base, rule=rule, method="compare", device="cpu", copies=copies)
     gpu_eval = dict(rule=rule, backend="hf", samples=samples, copies=3)
     if kind == "sparsity":
         return replace(base, **gpu_eval, prompts=prompts * len(analysis["sparsity_fractions"]))

@@ -23,6 +23,9 @@ from esgrpo.plan.memory import (
 # --imports`): ES 516 MB, GRPO (with TRL's GRPOTrainer) 550 MB, evaluation 516 MB. TRL's trainer
 # set-up adds ~2 MB more (measured on the tiny model); the comparison analyses import as evaluation does.
 PROCESS_BASE = {"es": 516 * 10**6, "grpo": 550 * 10**6, "eval": 516 * 10**6, "compare": 516 * 10**6}
+# A job that reads metrics files only (the norm-theory analysis: pandas, no torch): its script's peak PSS
+# in the rehearsal grid's Snakemake benchmark files, 55-70 MiB over seven jobs (docs/rehearsal.md).
+METRICS_PROCESS_BYTES = 64 * 2**20
 # A process that initialises CUDA maps the CUDA, cuBLAS and cuDNN libraries: ~1.5-2 GiB of RSS
 # (estimate; the GPU smoke script prints it).
 CUDA_LIBRARIES_BYTES = 2 * GIB
@@ -123,7 +126,10 @@ def eval_cpu(arch: Architecture, *, batch: int, prompt: int, new: int, weight_dt
 
 
 def compare_cpu(arch: Architecture, copies: int) -> dict[str, dict[str, int]]:
-    """Analyses that compare checkpoints (drift, cosine, theory): `copies` fp32 models side by side."""
+    """Analyses that compare checkpoints (drift, cosine): `copies` fp32 models side by side; with no copies
+    (the norm theory) a process that reads metrics files only."""
+    if copies == 0:
+        return {"compare": {"process (Python, pandas; no model)": METRICS_PROCESS_BYTES}}
     return {"compare": {"process (Python, torch, transformers)": PROCESS_BASE["compare"],
                         f"{copies} fp32 copies of the model": copies * 4 * arch.parameters}}
 
