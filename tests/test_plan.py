@@ -636,3 +636,36 @@ def test_host_only_plan_sizes_vllm_jobs_on_this_host():
     gpu_es = on_gpu.plan("train_run", "smollm2_135m", "sum_yesno", "es-n4-s0")
     assert gpu_es.job.device == "cuda" and gpu_es.resources()["gpu"] == 2
     assert not Planner(load("config.yaml")).sizes_jobs  # the CPU default keeps the rules' own resources
+
+
+def test_plan_vs_measured_judges_every_job_of_a_kind(tmp_path):
+    """scripts/plan_vs_measured.py: each job's peak PSS against its own plan row; a kind is within 25% only when
+    every job of it is, and the held-out benchmark jobs are held to their checkpoint's evaluation plan."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("plan_vs_measured", REPO / "scripts" / "plan_vs_measured.py")
+    pvm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pvm)
+    fields = ["rule", "model", "task", "run", "method", "host_mem_gib", "mem_mb"]
+    plan = [("analysis_drift", "m", "t", "es-n4-s0", "compare", "1.0", "1400"),
+            ("analysis_drift", "m", "t", "es-then-grpo-s0", "compare", "2.0", "2400"),
+            ("eval_base", "m", "base", "base", "eval", "4.0", "4700")]
+    (tmp_path / "plan.csv").write_text("\n".join([",".join(fields), *(",".join(r) for r in plan)]) + "\n")
+
+    def bench(path: str, pss_mib: float) -> None:
+        f = tmp_path / "benchmarks" / path
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f"s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\n9\t0:00:09\t{pss_mib * 1.2}\t1\t1\t{pss_mib}\n")
+
+    bench("analysis/m/drift/t/es-n4-s0.tsv", 0.9 * 1024)           # 0.90 of its 1 GiB
+    bench("analysis/m/drift/t/es-then-grpo-s0.tsv", 1.0 * 1024)    # 0.50 of its 2 GiB: the kind is off
+    bench("m/base/eval.tsv", 4.2 * 1024)
+    bench("m/base/heldout_mmlu.tsv", 3.1 * 1024)                   # 0.78 of the evaluation's 4 GiB
+    found = pvm.rows(tmp_path)
+    assert sorted((r["kind"], round(float(r["pss"]) / float(r["planned_mib"]), 3)) for r in found) == [
+        ("analysis_drift (compare)", 0.5), ("analysis_drift (compare)", 0.9), ("eval_base (eval)", 1.05),
+        ("heldout_base (lm-eval)", 0.775)]
+    table = {line.split(" | ")[0].lstrip("| "): line for line in pvm.kind_table(found)[2:]}
+    assert table["analysis_drift (compare)"].endswith("| 0.50-0.90 | **no** |")
+    assert table["eval_base (eval)"].endswith("| 1.05 | yes |")
+    assert table["heldout_base (lm-eval)"].endswith("| 0.78 | yes |")
