@@ -122,8 +122,12 @@ AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost=localhost
 AccountingStorageEnforce=associations
 AccountingStoreFlags=job_comment
+# Memory as a cgroup counts it (a page shared by a job's processes once: PSS), sampled every second, so that
+# sacct's MaxRSS is the peak that scripts/plan_vs_measured.py holds the plan to (Snakemake's own benchmark
+# files sample every 30 s after a job's first 15 s and miss short peaks).
 JobAcctGatherType=jobacct_gather/linux
-JobAcctGatherFrequency=task=5
+JobAcctGatherParams=UsePss
+JobAcctGatherFrequency=task=1
 JobCompType=jobcomp/none
 $node State=UNKNOWN
 PartitionName=cpu Nodes=ALL Default=YES MaxTime=INFINITE State=UP

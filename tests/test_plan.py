@@ -629,9 +629,23 @@ def test_host_only_plan_sizes_vllm_jobs_on_this_host():
     assert analysis("drift", "es-n4-s0").host_memory.parts["2 fp32 copies of the model"] == 2 * 4 * p
     for started_elsewhere in ("es-then-grpo-s0", "es-n4-it2-s0"):
         assert analysis("drift", started_elsewhere).host_memory.parts["3 fp32 copies of the model"] == 3 * 4 * p
-    # the norm theory reads metrics files only (pandas, no torch, no model): 55-70 MiB PSS measured
+    # the norm theory reads metrics files only (pandas, no torch, no model): 53-80 MiB PSS measured
     from esgrpo.plan.host import METRICS_PROCESS_BYTES
     assert analysis("theory", "es-n4-s0").host_memory.total == METRICS_PROCESS_BYTES < 100 * 2**20
+    # cosine keeps each run's delta in float64 at this size (ES and GRPO of one seed here: no second seed), the
+    # base and the run being loaded: measured 3.81 GiB PSS, where four fp32 copies planned 2.5
+    cosine = analysis("cosine", "s0").host_memory.parts
+    assert cosine["2 deltas (64-bit)"] == 2 * 8 * p and cosine["base (fp32)"] == 4 * p
+    assert 3.81 / 1.25 < analysis("cosine", "s0").host_memory.total / 2**30 < 3.81 * 1.25
+    three_seeds = {**config, "es": {**config["es"], "seeds": [0, 1, 2]}, "grpo": {**config["grpo"], "seeds": [0, 1, 2]}}
+    path = "results/rehearsal/analysis/smollm2_135m/cosine/sum_yesno/s1.csv"
+    assert "4 deltas (64-bit)" in plan_job(analysis_job(three_seeds, path, es.job.architecture,
+                                                        PlanSettings.from_config(config))).host_memory.parts
+    # KL: both models' [batch, tokens, vocab] logits and their log-softmax beside the models (the models alone
+    # were planned: 1.5 GiB, against up to 2.03 GiB measured)
+    kl = analysis("kl", "es-n4-s0")
+    batch, tokens = min(16, 8 * 2), kl.job.max_model_len  # kl batch_size 16, n_prompts 8 x 2 samples
+    assert kl.host_memory.parts["logits and log-softmax (fp32)"] == 2 * 2 * batch * tokens * 49152 * 4
     on_gpu = Planner(config, PlanSettings.from_config(config, gpu_type="h200"))
     gpu_es = on_gpu.plan("train_run", "smollm2_135m", "sum_yesno", "es-n4-s0")
     assert gpu_es.job.device == "cuda" and gpu_es.resources()["gpu"] == 2
@@ -666,6 +680,11 @@ def test_plan_vs_measured_judges_every_job_of_a_kind(tmp_path):
         ("analysis_drift (compare)", 0.5), ("analysis_drift (compare)", 0.9), ("eval_base (eval)", 1.05),
         ("heldout_base (lm-eval)", 0.775)]
     table = {line.split(" | ")[0].lstrip("| "): line for line in pvm.kind_table(found)[2:]}
+    # Slurm's 1-s PSS sampling (UsePss) saw more than the benchmark's 30-s samples: the larger is the peak
+    slurm = {"rule_eval_base_wildcards_m": (4.9 * 1024, True), "rule_heldout_base_wildcards_m_mmlu": (9.0 * 1024, False)}
+    with_slurm = {r["job"]: r for r in pvm.rows(tmp_path, slurm)}
+    assert round(float(with_slurm["m/base/base"]["peak"]) / 1024, 2) == 4.9
+    assert round(float(with_slurm["m/base/base mmlu"]["peak"]) / 1024, 2) == 3.1  # an RSS record is not judged
     assert table["analysis_drift (compare)"].endswith("| 0.50-0.90 | **no** |")
     assert table["eval_base (eval)"].endswith("| 1.05 | yes |")
     assert table["heldout_base (lm-eval)"].endswith("| 0.78 | yes |")

@@ -186,6 +186,11 @@ def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arch
                    new_tokens=int(ev.get("max_new_tokens", 24)), eval_batch=int(ev.get("batch_size", 256)))
 
 
+def _seeds(config: dict[str, Any], method: str) -> list[int]:
+    block = config.get(method)
+    return list(block.get("seeds", [0])) if block else []
+
+
 def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings: PlanSettings,
                  lengths: PromptTokens | None = None) -> JobSpec | None:
     """The job writing analysis output `path` ({results_dir}/analysis/{model}/{kind}/{task}/{name}.csv);
@@ -209,8 +214,12 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
         # rehearsal's drift of a main run measured 1.32 GiB PSS against 2.0 GiB planned
         if kind == "drift":
             copies = 2 if run_spec(config, task, name).init is None else 3
-        else:  # cosine: the base and three runs' deltas (named by its seed, not a run); theory: no model
-            copies = 4 if kind == "cosine" else 0
+        elif kind == "cosine":  # named by its seed: the deltas of its pairs' runs (rules/common.smk,
+            seed = int(name.removeprefix("s"))  # analysis_cosine_pairs): ES and GRPO, and the next seed's of each
+            copies = 2 + sum(1 for method in ("es", "grpo") if seed in _seeds(config, method)
+                             and _seeds(config, method).index(seed) + 1 < len(_seeds(config, method)))
+        else:  # theory: metrics files only
+            copies = 0
         return replace(base, rule=rule, method="compare", device="cpu", copies=copies)
     gpu_eval = dict(rule=rule, backend="hf", samples=samples, copies=3)
     if kind == "sparsity":

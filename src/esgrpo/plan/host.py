@@ -24,8 +24,11 @@ from esgrpo.plan.memory import (
 # set-up adds ~2 MB more (measured on the tiny model); the comparison analyses import as evaluation does.
 PROCESS_BASE = {"es": 516 * 10**6, "grpo": 550 * 10**6, "eval": 516 * 10**6, "compare": 516 * 10**6}
 # A job that reads metrics files only (the norm-theory analysis: pandas, no torch): its script's peak PSS
-# in the rehearsal grid's Snakemake benchmark files, 55-70 MiB over seven jobs (docs/rehearsal.md).
-METRICS_PROCESS_BYTES = 64 * 2**20
+# in the rehearsal grid's Snakemake benchmark files, 53-80 MiB over nine jobs (docs/rehearsal.md).
+METRICS_PROCESS_BYTES = 72 * 2**20
+# The cosine and interpolation analyses keep deltas in float64 up to this many parameters (F64_LIMIT of
+# esgrpo.workflow.stages.analysis, a higher room: repeated here for the plan).
+DELTA_F64_LIMIT = 200_000_000
 # A process that initialises CUDA maps the CUDA, cuBLAS and cuDNN libraries: ~1.5-2 GiB of RSS
 # (estimate; the GPU smoke script prints it).
 CUDA_LIBRARIES_BYTES = 2 * GIB
@@ -132,6 +135,16 @@ def compare_cpu(arch: Architecture, copies: int) -> dict[str, dict[str, int]]:
         return {"compare": {"process (Python, pandas; no model)": METRICS_PROCESS_BYTES}}
     return {"compare": {"process (Python, torch, transformers)": PROCESS_BASE["compare"],
                         f"{copies} fp32 copies of the model": copies * 4 * arch.parameters}}
+
+
+def cosine_cpu(arch: Architecture, runs: int) -> dict[str, dict[str, int]]:
+    """The cosine analysis (`esgrpo.workflow.stages.analysis.cosine_stage`): the base (fp32), each run's delta
+    from it (float64 up to F64_LIMIT parameters, float32 above) kept for every pair, and the run being loaded.
+    Planned as 4 fp32 copies before: 2.5 GiB against 3.81 GiB PSS measured (two float64 deltas, SmolLM2)."""
+    p = arch.parameters
+    delta = 8 if p <= DELTA_F64_LIMIT else 4
+    return {"compare": {"process (Python, torch, transformers)": PROCESS_BASE["compare"], "base (fp32)": 4 * p,
+                        "run being loaded (fp32)": 4 * p, f"{runs} deltas ({delta * 8}-bit)": runs * delta * p}}
 
 
 def gpu_job_host(arch: Architecture, method: str, *, processes: int, engines: int, reference: bool = False,

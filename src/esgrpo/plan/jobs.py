@@ -547,10 +547,15 @@ def _plan_cpu(job: JobSpec) -> JobPlan:
             phases["generate"][f"{job.copies} fp32 checkpoints combined"] = job.copies * 4 * arch.parameters
         seconds = runtime.cpu_generation_seconds(arch, job.prompts * job.samples, new)
         return JobPlan(job, 0, None, 0, peak(phases), seconds)
-    phases = host.compare_cpu(arch, job.copies)
     if job.method == "score":  # forward passes only: 2 x parameters FLOPs a token
+        # each model's [batch, tokens, vocab] fp32 logits and their log-softmax, as on a GPU (the rehearsal's KL
+        # jobs measured up to 2.03 GiB PSS against the 1.5 GiB of the models alone)
+        batch = max(1, min(job.eval_batch, job.prompts * job.samples))
+        phases = host.compare_cpu(arch, job.copies)
+        phases["compare"]["logits and log-softmax (fp32)"] = job.copies * 2 * batch * job.max_model_len * arch.vocab_size * 4
         tokens = job.prompts * job.samples * job.max_model_len
         return JobPlan(job, 0, None, 0, peak(phases), job.copies * 2 * arch.parameters * tokens / runtime.CPU_FLOPS)
-    # compare: read `copies` fp32 checkpoints
+    # compare: drift reads `copies` fp32 checkpoints; cosine holds `copies` runs' deltas beside the base
+    phases = host.cosine_cpu(arch, job.copies) if job.rule == "analysis_cosine" else host.compare_cpu(arch, job.copies)
     seconds = runtime.START_SECONDS + job.copies * 4 * arch.parameters / runtime.LOAD_BYTES_PER_S
     return JobPlan(job, 0, None, 0, peak(phases), seconds)
