@@ -56,7 +56,9 @@ rehearsal: $(VLLM_VENV)/.rehearsal
 	  $(VLLM_VENV)/bin/snakemake --workflow-profile profiles/slurm \
 	  --configfile=configs/rehearsal.yaml --slurm-init-seconds-before-status-checks 2 all plan; code=$$?; \
 	  echo "rehearsal grid: $$(( $$(date +%s) - start )) s"; exit $$code
-	$(VPY) scripts/plan_vs_measured.py results/rehearsal > results/rehearsal/plan_vs_measured.md
+	@# sacct's MaxRSS is PSS for the jobs that started after slurm.conf (UsePss) was last written
+	$(VPY) scripts/plan_vs_measured.py results/rehearsal --since $$(date -r /etc/slurm/slurm.conf +%Y-%m-%dT%H:%M:%S) \
+	  > results/rehearsal/plan_vs_measured.md
 	@echo "plan vs measured: results/rehearsal/plan_vs_measured.md"
 
 run: install
