@@ -52,6 +52,8 @@ def slurm_comment(rule: str, model: str, task: str, run: str, bench: str | None 
         values = [model, task]
     elif bench is not None:
         values = [model, bench] if rule == "heldout_base" else [model, task, run, bench]
+    elif rule in ("analysis_cosine", "analysis_interpolation"):  # named by a seed, the plan's run "s<seed>"
+        values = [model, task, run.removeprefix("s")]
     else:
         values = [model, task, run]
     return f"rule_{rule}_wildcards_{'_'.join(values)}"

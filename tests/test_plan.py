@@ -617,8 +617,15 @@ def test_host_only_plan_sizes_vllm_jobs_on_this_host():
     from esgrpo.plan.grid import analysis_job
     sparsity = plan_job(analysis_job(config, "results/rehearsal/analysis/smollm2_135m/sparsity/sum_yesno/es-n4-s0.csv",
                                      es.job.architecture, PlanSettings.from_config(config)))
-    assert sparsity.host_memory.parts["3 fp32 checkpoints combined"] == 3 * 4 * p
-    assert "3 fp32 checkpoints combined" not in ev.host_memory.parts
+    held = sparsity.host_memory.parts
+    assert held["base, run and the sparsified point (fp32)"] == 3 * 4 * p and held["the run's delta (64-bit)"] == 8 * p
+    assert "the run's delta (64-bit)" not in ev.host_memory.parts
+    # measured (1-s PSS): sparsity 4.06-4.16 GiB, interpolation 5.2-6.2 GiB; one point's batch at a time
+    assert 4.16 / 1.25 < sparsity.host_memory.total / 2**30 < 4.06 * 1.25
+    interpolation = plan_job(analysis_job(config, "results/rehearsal/analysis/smollm2_135m/interpolation/sum_yesno/s0.csv",
+                                          es.job.architecture, PlanSettings.from_config(config)))
+    assert interpolation.job.eval_batch == 8 * 3  # analysis test_size 8 x (2 samples + greedy)
+    assert 6.2 / 1.25 < interpolation.host_memory.total / 2**30 < 5.2 * 1.25
 
     def analysis(kind: str, run: str):
         path = f"results/rehearsal/analysis/smollm2_135m/{kind}/sum_yesno/{run}.csv"

@@ -221,14 +221,17 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
         else:  # theory: metrics files only
             copies = 0
         return replace(base, rule=rule, method="compare", device="cpu", copies=copies)
-    gpu_eval = dict(rule=rule, backend="hf", samples=samples, copies=3)
+    # the points are evaluated one after another: a batch holds one point's prompts x samples at most
+    gpu_eval = dict(rule=rule, backend="hf", samples=samples, copies=3,
+                    eval_batch=min(base.eval_batch, prompts * samples))
     if kind == "sparsity":
         return replace(base, **gpu_eval, prompts=prompts * len(analysis["sparsity_fractions"]))
     if kind == "interpolation":  # 3 paths x steps + 3 direction scans x multiples (shared points counted)
         ev = {**ev, **(analysis.get("interpolation_eval") or {})}
         prompts = base.prompts if not ev.get("test_size") else min(base.prompts, int(ev["test_size"]))
         points = 3 * int(analysis["interpolation_steps"]) + 3 * len(analysis.get("scan_multiples") or [])
-        return replace(base, **{**gpu_eval, "copies": 5}, prompts=prompts * points)
+        return replace(base, **{**gpu_eval, "copies": 5, "eval_batch": min(base.eval_batch, prompts * samples)},
+                       prompts=prompts * points)
     kl = analysis["kl"]
     return replace(base, rule=rule, method="score", prompts=int(kl["n_prompts"]),
                    samples=int(kl["samples_per_prompt"]), eval_batch=int(kl.get("batch_size", 16)), copies=2)
@@ -368,7 +371,7 @@ def plan_row(plan: JobPlan) -> dict[str, Any]:
         "iterations": j.iterations if j.method in ("es", "grpo") else "",
         "gpus": plan.gpus, "gpu_type": j.gpu_type if gm else "",
         "gpu_mem_gib": round(gm.total / GIB, 1) if gm else "", "gpu_avail_gib": round(plan.gpu_available / GIB, 1) if gm else "",
-        "host_mem_gib": round(plan.host_memory.total / GIB, 1), "mem_mb": plan.mem_mb,
+        "host_mem_gib": round(plan.host_memory.total / GIB, 3), "mem_mb": plan.mem_mb,
         "runtime_h": round(plan.runtime_s / 3600, 2), "slurm_minutes": plan.runtime_minutes,
         "gpu_hours": round(plan.gpu_hours, 2),
         "micro_batch": plan.micro_batch or "", "grad_accum": plan.grad_accum or "", "sharding": plan.sharding,

@@ -137,6 +137,21 @@ def compare_cpu(arch: Architecture, copies: int) -> dict[str, dict[str, int]]:
                         f"{copies} fp32 copies of the model": copies * 4 * arch.parameters}}
 
 
+def analysis_held(arch: Architecture, rule: str) -> dict[str, int]:
+    """What the sparsity and interpolation analyses hold beside their evaluator's model
+    (`esgrpo.workflow.stages.analysis`): sparsity the base, the run, one sparsified point and the run's delta
+    (float64 to DELTA_F64_LIMIT parameters); interpolation the base, one point, and the ES, GRPO and random
+    directions as deltas. Planned as 3 and 5 fp32 copies before: the rehearsal measured the sparsity jobs above
+    that (4.06-4.16 GiB PSS against 3.4), the interpolation jobs below (5.2-6.2 against 7.9, whose evaluation
+    batch counted every point at once)."""
+    p = arch.parameters
+    delta = 8 if p <= DELTA_F64_LIMIT else 4
+    if rule == "analysis_sparsity":
+        return {"base, run and the sparsified point (fp32)": 3 * 4 * p, f"the run's delta ({delta * 8}-bit)": delta * p}
+    return {"base and the point evaluated (fp32)": 2 * 4 * p,
+            f"ES, GRPO and random directions ({delta * 8}-bit)": 3 * delta * p}
+
+
 def cosine_cpu(arch: Architecture, runs: int) -> dict[str, dict[str, int]]:
     """The cosine analysis (`esgrpo.workflow.stages.analysis.cosine_stage`): the base (fp32), each run's delta
     from it (float64 up to F64_LIMIT parameters, float32 above) kept for every pair, and the run being loaded.

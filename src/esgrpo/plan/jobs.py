@@ -542,9 +542,9 @@ def _plan_cpu(job: JobSpec) -> JobPlan:
         batch = min(job.eval_batch, job.prompts * job.samples)
         phases = host.eval_cpu(arch, batch=batch, prompt=job.prompt_tokens, new=new, weight_dtype=job.weight_dtype)
         if job.rule in ("analysis_sparsity", "analysis_interpolation"):
-            # the checkpoints it combines (base, run, the masked or interpolated one), fp32, beside the engine's
-            # model: planned without them, the rehearsal's sparsity job measured 3.95 GiB PSS against 1.9 planned
-            phases["generate"][f"{job.copies} fp32 checkpoints combined"] = job.copies * 4 * arch.parameters
+            # the checkpoints and deltas it combines, beside the evaluator's model: planned without them, the
+            # rehearsal's sparsity job measured 3.95 GiB PSS against 1.9 planned
+            phases["generate"].update(host.analysis_held(arch, job.rule))
         seconds = runtime.cpu_generation_seconds(arch, job.prompts * job.samples, new)
         return JobPlan(job, 0, None, 0, peak(phases), seconds)
     if job.method == "score":  # forward passes only: 2 x parameters FLOPs a token
