@@ -52,8 +52,10 @@ def expected_jobs(name: str) -> dict[str, int]:
         runs = easy + hard
         return {"prepare_task": 3, "eval_base": 5, "train_run": runs, "eval_run": runs, "table_base_passk": 1}
     if name == "smollm2":
-        return {"convert_gguf_model": 1, "prepare_task": 1, "eval_base": 1, "train_run": 2, "eval_run": 2,
-                "table_base_passk": 1}
+        runs = 3 * 3   # seeds 0, 1, 2 x {ES N=8 full-rank, ES N=8 rank 4, GRPO G=4}
+        return {"convert_gguf_model": 1, "prepare_task": 1, "eval_base": 1, "train_run": runs, "eval_run": runs,
+                # drift: the main ES and GRPO runs per seed; norm theory: every ES run (full-rank, rank 4)
+                "analysis_drift": 2 * 3, "analysis_theory": 2 * 3, "table_base_passk": 1}
     raise KeyError(name)
 
 
