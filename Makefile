@@ -64,14 +64,20 @@ rehearsal: $(VLLM_VENV)/.rehearsal
 run: install
 	$(VENV)/bin/snakemake --cores all
 
-# Two stages: the suite in .venv without the vLLM tests, then the vLLM tests (`-m vllm`) in .venv-vllm on
-# vLLM's CPU build, where ESGRPO_REQUIRE_VLLM=1 makes a vLLM that does not import fail them (docs/cluster.md,
-# "Trying the vLLM paths without a GPU"). Each stage prints its wall time.
+# Three stages, each printing its wall time: the unit suite in .venv (neither vLLM nor Slurm), then the real
+# components: the Slurm tests (`-m slurm`, through the real sbatch of scripts/slurm_local.sh; they skip
+# without one unless ESGRPO_REQUIRE_SLURM=1, as .ci/run sets) and the vLLM tests (`-m vllm`) in .venv-vllm
+# on vLLM's CPU build, where ESGRPO_REQUIRE_VLLM=1 makes a vLLM that does not import fail them
+# (docs/cluster.md, "Trying the vLLM paths without a GPU"). Every stage runs; the target fails if any did.
 test: install vllm-env
-	@start=$$(date +%s); $(PY) -m pytest -q -m "not vllm"; code=$$?; \
-	  echo "unit stage (.venv): $$(( $$(date +%s) - start )) s"; exit $$code
-	@start=$$(date +%s); ESGRPO_REQUIRE_VLLM=1 $(VPY) -m pytest -q -m vllm; code=$$?; \
-	  echo "vLLM stage (.venv-vllm): $$(( $$(date +%s) - start )) s"; exit $$code
+	@fail=0; \
+	start=$$(date +%s); $(PY) -m pytest -q -m "not vllm and not slurm" || fail=1; \
+	  echo "unit stage (.venv): $$(( $$(date +%s) - start )) s"; \
+	start=$$(date +%s); $(PY) -m pytest -q -m slurm || fail=1; \
+	  echo "Slurm stage (.venv, local Slurm): $$(( $$(date +%s) - start )) s"; \
+	start=$$(date +%s); ESGRPO_REQUIRE_VLLM=1 $(VPY) -m pytest -q -m vllm || fail=1; \
+	  echo "vLLM stage (.venv-vllm): $$(( $$(date +%s) - start )) s"; \
+	exit $$fail
 
 lint: install
 	$(VENV)/bin/ruff check src tests workflow_scripts benchmarks
