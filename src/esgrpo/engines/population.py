@@ -50,9 +50,11 @@ new tokens, 1 thread, profiled with torch.profiler) the same engine spent 50% of
 decode projections, 20% in the vocabulary head and 18% in the prompt pass's projections: bmm with
 8 rows per member ran at 13 GFLOP/s (3 GB/s of weights), and preparing the members (noise, the
 stacked copy, the fold) cost as much again as generating. Now: oneDNN-packed member matrices run
-the decode at the memory bandwidth (each step streams every member's weights once: 538 MB per
-member), the prompt pass at 65-70 GFLOP/s, and members are built one matrix at a time from the
-seeds (noise generation, ~0.8 s per member at 175 M normals/s, is then most of preparing). Low-rank
+the decode at ~7 GB/s of weights (each step streams every member's 538 MB once; an isolated matmul of
+8 rows reaches no more, MKL through F.linear ~5 GB/s, where the machine reads 17 GB/s, so full-rank
+members stay near one `generate` per member at B = 8), the prompt pass at 65-70 GFLOP/s, and members
+are built one matrix at a time from the seeds, the fold written into one fused buffer per member
+(noise generation, ~0.8 s per member at 175 M normals/s, is then most of preparing). Low-rank
 members share one copy of every matrix, so their decode reads the weights once per step for all
 N * B rows, as batch inference does. Attention and the entropy stay below 5% each there.
 """
