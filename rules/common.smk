@@ -9,7 +9,7 @@ from pathlib import Path
 from snakemake.logging import logger
 
 from esgrpo.live import ENV as LIVE_ENV
-from esgrpo.analysis.settings import analysis_config, analysis_eval_settings
+from esgrpo.analysis.settings import analysis_config, analysis_eval_settings, main_run_seeds, next_seed
 from esgrpo.evaluation import heldout
 from esgrpo.config import check_config, judged_on, model_eval_tasks, model_warmup_tasks, software_env, task_splits
 from esgrpo.grids import check_grid_folder, config_source, write_grid_record
@@ -261,15 +261,10 @@ ANALYSIS = analysis_config(config)
 ANALYSIS_DIR = f"{RESULTS}/analysis"
 
 
-def _analysis_seeds(method):
-    block = config.get(method)
-    return list(block.get("seeds", [0])) if block else []
-
-
 def analysis_pair_seeds():
     """Seeds with both a main ES and a main GRPO run (ES seed order)."""
-    grpo = set(_analysis_seeds("grpo"))
-    return [s for s in _analysis_seeds("es") if s in grpo]
+    grpo = set(main_run_seeds(config, "grpo"))
+    return [s for s in main_run_seeds(config, "es") if s in grpo]
 
 
 def analysis_main_runs(model):
@@ -277,8 +272,8 @@ def analysis_main_runs(model):
     planned = set(planned_runs(config, model))
     runs = []
     for task in model_tasks(model):
-        runs += [(task, main_es_name(config, s)) for s in _analysis_seeds("es")]
-        runs += [(task, main_grpo_name(config, s)) for s in _analysis_seeds("grpo")]
+        runs += [(task, main_es_name(config, s)) for s in main_run_seeds(config, "es")]
+        runs += [(task, main_grpo_name(config, s)) for s in main_run_seeds(config, "grpo")]
     return [r for r in runs if r in planned]
 
 
@@ -444,9 +439,8 @@ def analysis_cosine_pairs(wildcards):
     seed = int(wildcards.seed)
     pairs = [{"pair": "es-grpo", "a": pair_es_model(wildcards), "b": pair_grpo_model(wildcards), "seed_b": seed}]
     for method, main_name in (("es", main_es_name), ("grpo", main_grpo_name)):
-        seeds = _analysis_seeds(method)
-        if seed in seeds and seeds.index(seed) + 1 < len(seeds):
-            other = seeds[seeds.index(seed) + 1]
+        other = next_seed(config, method, seed)
+        if other is not None:
             pairs.append({"pair": f"{method}-{method}", "a": _main_run_model(wildcards, main_name, seed),
                           "b": _main_run_model(wildcards, main_name, other), "seed_b": other})
     return pairs

@@ -9,6 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 ANALYSES = ("drift", "theory", "cosine", "sparsity", "kl", "interpolation")
+# The cosine, sparsity and interpolation stages keep deltas in float64 up to this many parameters, float32
+# above (esgrpo.workflow.stages.analysis); the job planner sizes them by the same bound.
+DELTA_F64_LIMIT = 200_000_000
 
 # The block's defaults (schemas/config.schema.yaml declares the same).
 DEFAULTS: dict = {
@@ -22,6 +25,23 @@ DEFAULTS: dict = {
     "kl": {"n_prompts": 32, "samples_per_prompt": 4, "temperature": 1.0, "top_p": 1.0,
            "max_new_tokens": None, "seed": 0, "batch_size": 16},
 }
+
+
+def delta_bytes_per_parameter(parameters: int) -> int:
+    """Bytes per element of an analysis delta of a model of `parameters` (float64 up to DELTA_F64_LIMIT)."""
+    return 8 if parameters <= DELTA_F64_LIMIT else 4
+
+
+def main_run_seeds(config: Mapping, method: str) -> list[int]:
+    """The seeds of `method`'s ("es" | "grpo") main runs; [] when the config trains no such run."""
+    block = config.get(method)
+    return list(block.get("seeds", [0])) if block else []
+
+
+def next_seed(config: Mapping, method: str, seed: int) -> int | None:
+    """The seed after `seed` among `method`'s main runs (the cosine analysis pairs a run with it), or None."""
+    seeds = main_run_seeds(config, method)
+    return seeds[seeds.index(seed) + 1] if seed in seeds and seeds.index(seed) + 1 < len(seeds) else None
 
 
 def analysis_config(config: Mapping) -> dict:

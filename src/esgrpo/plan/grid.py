@@ -186,16 +186,11 @@ def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arch
                    new_tokens=int(ev.get("max_new_tokens", 24)), eval_batch=int(ev.get("batch_size", 256)))
 
 
-def _seeds(config: dict[str, Any], method: str) -> list[int]:
-    block = config.get(method)
-    return list(block.get("seeds", [0])) if block else []
-
-
 def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings: PlanSettings,
                  lengths: PromptTokens | None = None) -> JobSpec | None:
     """The job writing analysis output `path` ({results_dir}/analysis/{model}/{kind}/{task}/{name}.csv);
     None for the outputs that are not a job of their own (a .json beside a .csv)."""
-    from esgrpo.analysis.settings import analysis_config
+    from esgrpo.analysis.settings import analysis_config, next_seed
     from esgrpo.runs import run_spec
 
     parts = Path(path).parts
@@ -216,8 +211,7 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
             copies = 2 if run_spec(config, task, name).init is None else 3
         elif kind == "cosine":  # named by its seed: the deltas of its pairs' runs (rules/common.smk,
             seed = int(name.removeprefix("s"))  # analysis_cosine_pairs): ES and GRPO, and the next seed's of each
-            copies = 2 + sum(1 for method in ("es", "grpo") if seed in _seeds(config, method)
-                             and _seeds(config, method).index(seed) + 1 < len(_seeds(config, method)))
+            copies = 2 + sum(next_seed(config, method, seed) is not None for method in ("es", "grpo"))
         else:  # theory: metrics files only
             copies = 0
         return replace(base, rule=rule, method="compare", device="cpu", copies=copies)

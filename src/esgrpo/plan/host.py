@@ -7,6 +7,7 @@ processes, host copies next to GPU training) are estimates until run on a GPU no
 
 from __future__ import annotations
 
+from esgrpo.analysis.settings import delta_bytes_per_parameter
 from esgrpo.plan.architecture import Architecture, dtype_bytes
 from esgrpo.plan.memory import (
     GIB,
@@ -26,9 +27,6 @@ PROCESS_BASE = {"es": 516 * 10**6, "grpo": 550 * 10**6, "eval": 516 * 10**6, "co
 # A job that reads metrics files only (the norm-theory analysis: pandas, no torch): its script's peak PSS
 # in the rehearsal grid's Snakemake benchmark files, 53-80 MiB over nine jobs (docs/rehearsal.md).
 METRICS_PROCESS_BYTES = 72 * 2**20
-# The cosine and interpolation analyses keep deltas in float64 up to this many parameters (F64_LIMIT of
-# esgrpo.workflow.stages.analysis, a higher room: repeated here for the plan).
-DELTA_F64_LIMIT = 200_000_000
 # A process that initialises CUDA maps the CUDA, cuBLAS and cuDNN libraries: ~1.5-2 GiB of RSS
 # (estimate; the GPU smoke script prints it).
 CUDA_LIBRARIES_BYTES = 2 * GIB
@@ -145,7 +143,7 @@ def analysis_held(arch: Architecture, rule: str) -> dict[str, int]:
     that (4.06-4.16 GiB PSS against 3.4), the interpolation jobs below (5.2-6.2 against 7.9, whose evaluation
     batch counted every point at once)."""
     p = arch.parameters
-    delta = 8 if p <= DELTA_F64_LIMIT else 4
+    delta = delta_bytes_per_parameter(p)
     if rule == "analysis_sparsity":
         return {"base, run and the sparsified point (fp32)": 3 * 4 * p, f"the run's delta ({delta * 8}-bit)": delta * p}
     return {"base and the point evaluated (fp32)": 2 * 4 * p,
@@ -154,10 +152,10 @@ def analysis_held(arch: Architecture, rule: str) -> dict[str, int]:
 
 def cosine_cpu(arch: Architecture, runs: int) -> dict[str, dict[str, int]]:
     """The cosine analysis (`esgrpo.workflow.stages.analysis.cosine_stage`): the base (fp32), each run's delta
-    from it (float64 up to F64_LIMIT parameters, float32 above) kept for every pair, and the run being loaded.
+    from it (float64 up to DELTA_F64_LIMIT parameters, float32 above) kept for every pair, and the run being loaded.
     Planned as 4 fp32 copies before: 2.5 GiB against 3.81 GiB PSS measured (two float64 deltas, SmolLM2)."""
     p = arch.parameters
-    delta = 8 if p <= DELTA_F64_LIMIT else 4
+    delta = delta_bytes_per_parameter(p)
     return {"compare": {"process (Python, torch, transformers)": PROCESS_BASE["compare"], "base (fp32)": 4 * p,
                         "run being loaded (fp32)": 4 * p, f"{runs} deltas ({delta * 8}-bit)": runs * delta * p}}
 

@@ -25,7 +25,7 @@ Conventions
 - Parameters are ``model.named_parameters()``: tied weights (lm_head = embed_tokens) appear
   once, under the embedding's name (see ``esgrpo.analysis.drift``). Non-parameter buffers
   (rotary frequencies) are not compared.
-- Deltas are kept in float64 for models up to ``F64_LIMIT`` parameters (so interpolation
+- Deltas are kept in float64 for models up to ``DELTA_F64_LIMIT`` (esgrpo.analysis.settings) parameters (so interpolation
   endpoints reproduce the two models bit for bit) and in float32 above (memory).
 - Models evaluated at many weight-space points (sparsity, interpolation) are ONE model
   object whose weights are replaced with ``load_state_dict`` per point; nothing is saved.
@@ -78,6 +78,7 @@ from esgrpo.analysis.cosine import cosine, cosine_by_layer, cosine_by_module_typ
 from esgrpo.analysis.drift import MODULE_TYPES, delta, drift_table, float_names, l2, module_type
 from esgrpo.analysis.interpolation import along_direction, interpolate, random_direction_like
 from esgrpo.analysis.kl import per_sequence_kl, sequence_kl_stats, token_kl
+from esgrpo.analysis.settings import DELTA_F64_LIMIT
 from esgrpo.analysis.sparsity import n_kept, reset_module_type, sparsify, top_fraction_mask
 from esgrpo.engines.local import local_engine
 from esgrpo.engines.rollout import HFEngine, prompt_texts
@@ -87,8 +88,6 @@ from esgrpo.live import Eta
 from esgrpo.metrics import barrier_height
 from esgrpo.models.loading import load_model
 from esgrpo.workflow.stages.data import load_rows
-
-F64_LIMIT = 200_000_000  # parameters; above it deltas are float32
 
 DRIFT_COLUMNS = ["model", "task", "run", "method", "name", "module_type", "layer", "numel", "l2", "base_l2",
                  "init_l2", "relative_l2"]
@@ -116,7 +115,7 @@ def load_params(ref: str, dtype: str = "float32") -> dict[str, torch.Tensor]:
 
 
 def _delta_dtype(theta: Mapping[str, torch.Tensor]) -> torch.dtype:
-    return torch.float64 if sum(t.numel() for t in theta.values()) <= F64_LIMIT else torch.float32
+    return torch.float64 if sum(t.numel() for t in theta.values()) <= DELTA_F64_LIMIT else torch.float32
 
 
 def load_into(model, state: Mapping[str, torch.Tensor]) -> None:
