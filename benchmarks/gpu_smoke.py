@@ -109,7 +109,13 @@ def fitting(make_job, arch: Architecture, disk_bytes=None, free_disk: int = 0):
             continue
         note = "" if candidate is arch else f"full depth does not fit ({reasons[0]}); ran {layers} layers"
         return plan, candidate, note
-    raise PlanError(f"{arch.name}: no depth fits: {reasons[0]}")
+    raise PlanError(f"{arch.name}: no depth fits: {reasons[0]}; {reasons[-1]}")
+
+
+def free_disk(args, work: Path) -> int:
+    """Bytes the smoke may write: `--disk-gib` where given (a dry run plans for the GPU machine, whose disk
+    is not this one's), else the work folder's free space."""
+    return int(args.disk_gib * GIB) if args.disk_gib is not None else shutil.disk_usage(work).free
 
 
 class Peak:
@@ -173,7 +179,7 @@ def es_case(arch: Architecture, args, rows, tokenizer, work: Path) -> dict:
     def disk(a: Architecture) -> int:  # train_es writes theta0 and the last theta (fp32), then the model
         return 8 * a.parameters + a.parameters * 4
 
-    free = shutil.disk_usage(work).free
+    free = free_disk(args, work)
     try:
         population = "stacked"
         plan, run_arch, note = fitting(lambda a: job(a, population), arch, disk, free)
@@ -233,8 +239,7 @@ def grpo_case(arch: Architecture, args, rows, tokenizer, work: Path) -> dict:
                        prompt_tokens=prompt, new_tokens=args.new_tokens, checkpointing=checkpointing)
 
     # The TRL path writes the start model (bf16) and the trained one (fp32) to disk.
-    plan, run_arch, note = fitting(job, arch, lambda a: 6 * a.parameters if use_trl else 0,
-                                   shutil.disk_usage(work).free)
+    plan, run_arch, note = fitting(job, arch, lambda a: 6 * a.parameters if use_trl else 0, free_disk(args, work))
     completions = args.grpo_prompts * args.group
     micro = plan.micro_batch or completions
     label = (f"{run_arch.name} grpo ({'TRL' if use_trl else 'plain torch'}, micro-batch {micro}, "
@@ -365,6 +370,9 @@ def main() -> None:
     parser.add_argument("--work", default=str(REPO / "benchmarks" / "out" / "gpu_smoke"))
     parser.add_argument("--json", default=None)
     parser.add_argument("--dry-run", action="store_true", help="print the plans only (no GPU needed)")
+    parser.add_argument("--disk-gib", type=float, default=None,
+                        help="disk the runs may fill (default: the work folder's free space); give the GPU "
+                             "machine's with --dry-run, since the depth that fits depends on it")
     args = parser.parse_args()
     if args.tiny:
         args.members, args.prompts, args.grpo_prompts, args.group, args.new_tokens = 4, 4, 2, 4, 8
@@ -382,7 +390,10 @@ def main() -> None:
     for arch in shapes:
         for method in args.methods.split(","):
             case = es_case if method == "es" else grpo_case
-            results.append(case(arch, args, rows, tokenizer, work))
+            try:
+                results.append(case(arch, args, rows, tokenizer, work))
+            except PlanError as err:  # one shape that fits nowhere must not cost the others their numbers
+                results.append({"case": f"{arch.name} {method}", "skipped": str(err)})
             _print(results[-1])
     host_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
     device = torch.cuda.get_device_name(0) if args.device == "cuda" and torch.cuda.is_available() else args.device

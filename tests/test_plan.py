@@ -261,11 +261,20 @@ def test_gpu_smoke_script_logic_on_a_cpu(tmp_path):
     assert [c["case"].split()[1] for c in cases] == ["es", "grpo"]
     assert all(c["measured_seconds_per_step"] > 0 and c["plan_host_gib"] > 0 for c in cases)
     dry = tmp_path / "dry.json"
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), "--dry-run", "--work", str(tmp_path),
-                    "--json", str(dry)], check=True, cwd=REPO, timeout=600)
+    # The lent H200 machine's disk (64 GiB), not this machine's free space: CI's smaller disk fit no 7B layer.
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), "--dry-run", "--disk-gib", "64",
+                    "--work", str(tmp_path), "--json", str(dry)], check=True, cwd=REPO, timeout=600)
     plans = {c["case"]: c for c in json.loads(dry.read_text())}
     grpo_7b = [c for name, c in plans.items() if name.startswith("Qwen/Qwen2.5-7B") and " grpo " in name]
     assert grpo_7b and "layers" in grpo_7b[0]["case"] and grpo_7b[0]["plan_gpu_total_gib"] <= 139.0
+    # On a 10-GiB disk not even one 7B layer's ES files fit: that case is skipped with the reason, the rest run.
+    small = tmp_path / "small.json"
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_smoke.py"), "--dry-run", "--disk-gib", "10",
+                    "--methods", "es", "--work", str(tmp_path), "--json", str(small)], check=True, cwd=REPO,
+                   timeout=600)
+    by_case = {c["case"]: c for c in json.loads(small.read_text())}
+    assert "GiB of disk" in by_case["Qwen/Qwen2.5-7B-Instruct es"]["skipped"]
+    assert any(name.startswith("Qwen/Qwen2.5-1.5B") and c.get("dry_run") for name, c in by_case.items())
 
 
 # --------------------------------------------------------------------------- through Snakemake
