@@ -26,6 +26,7 @@ from esgrpo.es.settings import ESConfig  # noqa: E402
 from esgrpo.evaluation.evaluate import EvalSettings  # noqa: E402
 from esgrpo.grpo.settings import GRPOSettings  # noqa: E402
 from esgrpo.runs import run_spec  # noqa: E402
+from esgrpo.tasks import math_verify_runner as runner  # noqa: E402
 from esgrpo.tasks import rewards  # noqa: E402
 from esgrpo.tasks.rewards import RULES, grade_math, grade_math_boxed, reward, verifier_for  # noqa: E402
 
@@ -66,12 +67,12 @@ def patient_math_verify():
     """math-verify's time limits are wall-clock (SIGALRM, 2 s): on a busy machine a first parse that
     imports parts of sympy can pass them and read as "wrong". The rules, not the machine's load, are
     under test here: give it 60 s, and forget verdicts other tests took under the usual limits."""
-    saved = rewards._MV_PARSE_TIMEOUT, rewards._MV_VERIFY_TIMEOUT
-    rewards._MV_PARSE_TIMEOUT = rewards._MV_VERIFY_TIMEOUT = 60
+    saved = runner._MV_PARSE_TIMEOUT, runner._MV_VERIFY_TIMEOUT
+    runner._MV_PARSE_TIMEOUT = runner._MV_VERIFY_TIMEOUT = 60
     for cache in (rewards.grade_math, rewards.grade_math_boxed):
         cache.cache_clear()
     yield
-    rewards._MV_PARSE_TIMEOUT, rewards._MV_VERIFY_TIMEOUT = saved
+    runner._MV_PARSE_TIMEOUT, runner._MV_VERIFY_TIMEOUT = saved
     for cache in (rewards.grade_math, rewards.grade_math_boxed):
         cache.cache_clear()
 
@@ -177,15 +178,15 @@ def test_the_default_rules_fix_math_verify_s_misreadings(completion, gold, ours,
     cases where they differ are the misreadings; if math-verify changes, this shows which."""
     assert grade_math(completion, gold) is ours
     box = rewards.last_boxed(completion)
-    alone = rewards._mv_check_main_thread(completion if box is None else f"\\boxed{{{box}}}", gold)
+    alone = runner.check_main_thread(completion if box is None else f"\\boxed{{{box}}}", gold)
     assert alone is math_verify_alone
 
 
 def test_a_gold_math_verify_could_not_parse_is_parsed_again_next_time():
     """math-verify returns [] for a time-out as for an unparseable text: only parses that succeeded
     are remembered, so one slow first parse does not make that gold's every later answer wrong."""
-    assert rewards._parse_gold_main("\\frac{14}{3}") and "\\frac{14}{3}" in rewards._GOLD_PARSES
-    assert rewards._parse_gold_main("\\text{}") == () and "\\text{}" not in rewards._GOLD_PARSES
+    assert runner.parse_gold("\\frac{14}{3}") and "\\frac{14}{3}" in runner._GOLD_PARSES
+    assert runner.parse_gold("\\text{}") == () and "\\text{}" not in runner._GOLD_PARSES
 
 
 def test_the_fixes_leave_plain_numbers_and_the_fast_path_alone():

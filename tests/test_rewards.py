@@ -14,7 +14,7 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from esgrpo.tasks import rewards  # noqa: E402
+from esgrpo.tasks import math_verify_runner as runner  # noqa: E402
 from esgrpo.tasks.hub import gsm8k_gold, gsm8k_test_from_package  # noqa: E402
 from esgrpo.tasks.rewards import (  # noqa: E402
     VERIFIERS,
@@ -64,7 +64,7 @@ def test_math_verify_itself_agrees_on_every_gsm8k_gold(gsm8k_golds, fmt):
     # The fast numeric path decides these; check that math-verify, the reference, agrees.
     template = FORMATS[fmt]
     start = time.perf_counter()
-    wrong = [g for g in gsm8k_golds if not rewards._mv_check_main_thread(template.format(g), g)]
+    wrong = [g for g in gsm8k_golds if not runner.check_main_thread(template.format(g), g)]
     per_check_ms = (time.perf_counter() - start) / len(gsm8k_golds) * 1e3
     print(f"math-verify {fmt}: {per_check_ms:.3f} ms per check")
     assert wrong == []
@@ -83,7 +83,7 @@ def test_gsm8k_wrong_answers_graded_wrong(gsm8k_golds):
         for template in FORMATS.values():
             assert not grade_math(template.format(wrong), gold), (template, gold)
         # and through math-verify too
-        assert not rewards._mv_check_main_thread(f"\\boxed{{{wrong}}}", gold)
+        assert not runner.check_main_thread(f"\\boxed{{{wrong}}}", gold)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,7 +338,7 @@ def test_reward_rejects_unknown_names():
 
 
 def test_helper_process_is_killed_past_its_limit_and_restarts():
-    worker = rewards._VerifyWorker()
+    worker = runner.VerifyWorker()
     try:
         assert worker.check("\\boxed{\\frac{1}{2}}", "0.5", timeout_s=30) is True  # pays start-up
         start = time.perf_counter()
