@@ -83,7 +83,7 @@ class VerifyWorker:
 
     def _start(self) -> subprocess.Popen:
         env = dict(os.environ)
-        src = str(Path(__file__).resolve().parents[1])  # the folder holding the esgrpo package
+        src = str(Path(__file__).resolve().parents[2])  # the folder holding the esgrpo package (src/)
         env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("OMP_NUM_THREADS", "1")
         self._buffer = b""
@@ -186,6 +186,7 @@ def _serve() -> None:
             ok = False
         out.write((json.dumps({"ok": bool(ok)}) + "\n").encode())
         out.flush()
+
 
 def _main(argv: list[str]) -> Any:
     if argv == ["--serve"]:
