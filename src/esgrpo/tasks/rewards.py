@@ -237,8 +237,6 @@ def _prediction_text(completion: str, box: str | None) -> str | None:
     return None if _pathological(text) else text
 
 
-
-
 # A pure function of two strings, called for every sample; at small scale most samples repeat an
 # answer (a 32-sample evaluation of one checkpoint grades ~2,000 completions, ~400 of them reach
 # math-verify at ~12 ms each, measured): remember the verdicts.
@@ -275,8 +273,6 @@ def grade_math_boxed(completion: str, gold: str) -> bool:
         return False
     pred_text = "\\boxed{" + box + "}"
     return not _pathological(pred_text) and math_verify(pred_text, gold)
-
-
 
 
 # ----------------------------------------------------------------------------------------------
@@ -512,4 +508,3 @@ def reward(verifier: str, completion: str, answer: str, meta: dict | None = None
     if boxed:
         value += float(format_bonus)
     return value
-
