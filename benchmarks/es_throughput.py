@@ -18,7 +18,8 @@ Each path's time includes building its members from theta and the seeds (noise g
 as a share of the measured matmul, and the fraction of (d)'s tokens/s; then the identical-token checks
 where the maths is the same: (a) vs (b) (the same full-rank members; a differing sequence is checked for
 a float-rounding near-tie, `near_ties`), (c) vs (b) run on the first two low-rank members (dense A B^T),
-(e) vs (d).
+(e) vs (d). ESGRPO_PANEL_KERNEL=0 runs the population engine on oneDNN's packed layout instead of
+`esgrpo.engines.panel_matmul` (the line after the matmul says which ran).
 
 Model FLOPs count what a forward of every processed position needs: 2 * (decoder-layer params) per
 position (prompt positions included, pad positions too: every path computes them), 2 * V * H for each
@@ -41,6 +42,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from esgrpo.engines import panel_matmul  # noqa: E402
 from esgrpo.engines.population import population_generate, sequential_generate  # noqa: E402
 from esgrpo.noise import Noise, Population  # noqa: E402
 
@@ -256,6 +258,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, device {args.device}, threads {args.threads}, cpus {os.cpu_count()}, "
           f"load average {os.getloadavg()}")
     print(f"dense fp32 matmul (2048^3 mm): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    kernel = ("panel kernel (esgrpo.engines.panel_matmul)" if panel_matmul.available(args.device)
+              else f"oneDNN packed ({panel_matmul.unavailable_reason() or 'not a CPU'})")
+    print(f"per-member matrices of the population engine: {kernel}", flush=True)
     for name in args.shapes.split(","):
         for n in (int(x) for x in args.members.split(",")):
             for b in (int(x) for x in args.prompts.split(",")):

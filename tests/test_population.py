@@ -19,7 +19,7 @@ from transformers import (  # noqa: E402
     Qwen2ForCausalLM,
 )
 
-from esgrpo.engines import groups  # noqa: E402
+from esgrpo.engines import groups, panel_matmul  # noqa: E402
 from esgrpo.engines import population as pop  # noqa: E402
 from esgrpo.engines import population_weights as pw_module  # noqa: E402
 from esgrpo.engines.population import (  # noqa: E402
@@ -320,10 +320,15 @@ def test_full_rank_population_is_the_stacked_members_bit_for_bit():
                 population_generate(model, dict(half.items()), ids, mask, NEW, None, PAD), tol=0)
 
 
+@pytest.mark.parametrize("kernel", ["panel", "onednn"])
 @pytest.mark.parametrize("noise", [Noise(), Noise("lowrank", 2)])
-def test_packed_layouts_give_the_bmm_layouts_tokens(monkeypatch, noise):
-    if not pw_module.packing_available(torch.device("cpu")):
-        pytest.skip("this torch build has no oneDNN packed linear")
+def test_packed_layouts_give_the_bmm_layouts_tokens(monkeypatch, noise, kernel):
+    if kernel == "panel" and not panel_matmul.available():
+        pytest.skip(f"no panel kernel here: {panel_matmul.unavailable_reason()}")
+    if kernel == "onednn":
+        if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+            pytest.skip("this torch build has no oneDNN packed linear")
+        monkeypatch.setattr(panel_matmul, "available", lambda device="cpu": False)
     model = tiny_model(False, "qwen2")
     members = population_of(model, noise)
     ids, mask = left_padded()
@@ -332,6 +337,7 @@ def test_packed_layouts_give_the_bmm_layouts_tokens(monkeypatch, noise):
     monkeypatch.setattr(pw_module, "SHARED_PACK_MIN_ELEMENTS", 1)
     prepared = prepare_population(model, members, rows=4)
     assert all(layer.gu.packed and layer.o.packed for layer in prepared.layers) and prepared.head.packed
+    assert isinstance(prepared.head.weight[0], panel_matmul.Panels) == (kernel == "panel")
     assert prepared.layers[0].qkv.shared == (noise.kind == "lowrank")
     assert_same(population_generate(model, prepared, ids, mask, NEW, None, PAD), stacked)
 

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from esgrpo.engines import panel_matmul
 from esgrpo.noise import Population
 
 __all__ = ["Arch", "Embedding", "arch_of", "Layer", "Linear", "PopulationWeights", "check_window", "member_bytes",
@@ -142,32 +143,38 @@ def _rope_perm(head_dim: int, heads: int) -> Tensor:
 
 
 def packing_available(device: torch.device) -> bool:
-    """oneDNN's packed linear exists on this build and device (CPU only)."""
-    return (device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+    """A packed layout exists on this build and device (CPU only): the panel kernel or oneDNN's."""
+    return device.type == "cpu" and (panel_matmul.available(device) or (
+        torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")))
 
 
-def _pack(w_out_in: Tensor, rows: int) -> Tensor:
-    """One [out, in] matrix in oneDNN's blocked layout for about `rows` rows per call (the hint picks
-    the blocking; 8-32 gave the same speed for 8-1280 rows, measured)."""
+def _pack(w_out_in: Tensor, rows: int) -> Tensor | panel_matmul.Panels:
+    """One [out, in] matrix packed: as panels for `esgrpo.engines.panel_matmul` where it runs (1.4-1.7x
+    oneDNN's FLOP/s at 8-16 rows, measured there), else in oneDNN's blocked layout for about `rows`
+    rows per call (the hint picks the blocking; 8-32 gave the same speed for 8-1280 rows, measured)."""
+    if panel_matmul.available(w_out_in.device):
+        return panel_matmul.pack(w_out_in)
     return torch.ops.mkldnn._reorder_linear_weight(w_out_in.contiguous(), max(1, int(rows)))
 
 
-def _packed_matmul(x: Tensor, w: Tensor) -> Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+def _packed_matmul(x: Tensor, w: Tensor | panel_matmul.Panels, out: Tensor | None = None) -> Tensor:
+    if isinstance(w, panel_matmul.Panels):
+        return panel_matmul.matmul(x, w, out)
+    y = torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+    return y if out is None else out.copy_(y)
 
 
 @dataclass
 class Linear:
     """One projection of every member: x [N, R, in] -> [N, R, out], x_n W_n (+ (x_n D_n) U_n) (+ b_n).
 
-    weight: [M, in, out] for torch.bmm, or a list of M oneDNN-packed [out, in] matrices; M = N (one
+    weight: [M, in, out] for torch.bmm, or a list of M packed [out, in] matrices (`_pack`); M = N (one
     matrix per member) or 1 (shared by all members, whose rows then go through one call).
     down [N, in, k] / up [N, k, out]: low-rank member terms (A_n scaled by sign sigma / sqrt(r) is in up).
     bias: [N or 1, 1, out] or None.
     """
 
-    weight: Tensor | list[Tensor]
+    weight: Tensor | list[Tensor] | list[panel_matmul.Panels]
     bias: Tensor | None = None
     down: Tensor | None = None
     up: Tensor | None = None
@@ -176,12 +183,17 @@ class Linear:
         self.shared = len(self.weight) == 1
         self.packed = isinstance(self.weight, list)
 
+    def _out(self) -> int:
+        w = self.weight[0]
+        return w.out if isinstance(w, panel_matmul.Panels) else w.shape[-2 if self.packed else -1]
+
     def __call__(self, x: Tensor) -> Tensor:
         n, r, _ = x.shape
         xs = x.reshape(1, n * r, -1) if self.shared else x
         if self.packed:
-            outs = [_packed_matmul(xs[i], w) for i, w in enumerate(self.weight)]
-            y = outs[0].unsqueeze(0) if self.shared else torch.stack(outs)
+            y = torch.empty(len(self.weight), xs.shape[1], self._out(), device=x.device)
+            for i, w in enumerate(self.weight):
+                _packed_matmul(xs[i], w, y[i])
         else:
             y = torch.bmm(xs, self.weight)
         y = y.view(n, r, -1)

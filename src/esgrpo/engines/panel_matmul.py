@@ -1,0 +1,132 @@
+"""An fp32 matmul for few rows against a weight matrix streamed from memory: x [M, in] @ W^T with W
+stored as 24-column panels (`panel_matmul.c`), compiled here with the system's C compiler and loaded
+through ctypes.
+
+Why: a full-rank ES decode step multiplies each member's own weights by only its B prompts' rows
+(8-16), so every member's matrices stream from memory once a step and the step is as fast as the
+matmul reads weights. The libraries torch ships read them at 7-9 GB/s at 8 rows on one thread of the
+2-core EPYC (oneDNN packed 8.5, MKL 6.9, MKL packed 7.1; OpenBLAS in numpy 9.4) against 16-18 GB/s of
+read bandwidth; this kernel reads 13 GB/s there at 8 rows (1.6x oneDNN), 67 vs 46 GFLOP/s at 16 rows,
+91 vs 80 at 320 (the prompt pass). `benchmarks/es_throughput.py` prints which kernel ran.
+
+Where it cannot run (no AVX2/FMA, no C compiler, ESGRPO_PANEL_KERNEL=0) `available()` is False, says
+why in `unavailable_reason()`, and the population engine keeps oneDNN's packed layout. The result is
+the same product summed in another order (fp32 rounding apart), fixed per output: it does not depend on
+the thread count.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+__all__ = ["PANEL", "Panels", "available", "matmul", "pack", "unavailable_reason"]
+
+PANEL = 24  # columns of a panel (NR in panel_matmul.c)
+SOURCE = Path(__file__).with_name("panel_matmul.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared"]
+# Below this many multiply-adds a call runs on one thread (splitting costs more than it saves).
+SPLIT_MIN_MACS = 2**21
+
+
+class Panels:
+    """One [out, in] fp32 matrix as panels [ceil(out / 24), in, 24]."""
+
+    __slots__ = ("data", "out", "inp")
+
+    def __init__(self, data: Tensor, out: int, inp: int):
+        self.data, self.out, self.inp = data, out, inp
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "esgrpo" / "kernels"
+
+
+@functools.cache
+def _library() -> tuple[ctypes.CDLL | None, str]:
+    """(the compiled kernel, "") or (None, why not). Built once per source and flags, atomically (several
+    Snakemake jobs may build it at once)."""
+    if os.environ.get("ESGRPO_PANEL_KERNEL", "1") == "0":
+        return None, "ESGRPO_PANEL_KERNEL=0"
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        return None, f"CPU capability {torch.backends.cpu.get_cpu_capability()} (needs AVX2 with FMA)"
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None, "no C compiler (cc, gcc or $CC) on PATH"
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"panel_matmul-{key}.so"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            built = Path(tmp) / target.name
+            run = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
+            if run.returncode != 0:
+                return None, f"{compiler} failed on {SOURCE}: {run.stderr.strip()[-300:]}"
+            os.replace(built, target)
+    lib = ctypes.CDLL(str(target))
+    p, i, long = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
+    lib.esgrpo_panel_matmul.argtypes = [p, long, i, p, i, i, i, p]
+    lib.esgrpo_panel_matmul.restype = None
+    lib.esgrpo_panel_pack.argtypes = [p, i, i, p]
+    lib.esgrpo_panel_pack.restype = None
+    return lib, ""
+
+
+def available(device: torch.device | str = "cpu") -> bool:
+    return torch.device(device).type == "cpu" and _library()[0] is not None
+
+
+def unavailable_reason() -> str:
+    """Why `available()` is False ("" when it is True)."""
+    return _library()[1]
+
+
+def pack(w: Tensor) -> Panels:
+    """[out, in] fp32 (CPU) -> its panels."""
+    if w.dtype != torch.float32 or w.dim() != 2 or w.device.type != "cpu":
+        raise ValueError(f"pack takes a 2-D fp32 CPU matrix, not {tuple(w.shape)} {w.dtype} on {w.device}")
+    w = w.contiguous()
+    out, inp = w.shape
+    data = torch.empty(-(-out // PANEL), inp, PANEL)
+    _library()[0].esgrpo_panel_pack(w.data_ptr(), out, inp, data.data_ptr())
+    return Panels(data, out, inp)
+
+
+@functools.cache
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(threads, thread_name_prefix="esgrpo-panel")
+
+
+def matmul(x: Tensor, w: Panels, out: Tensor | None = None) -> Tensor:
+    """x [M, in] fp32 -> x @ W^T [M, out] (into `out`, contiguous, when given); panels split over torch's
+    intra-op threads (ctypes releases the GIL), each output column summed by one thread in one order."""
+    if x.dim() != 2 or x.shape[1] != w.inp or x.dtype != torch.float32:
+        raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not match panels of a [{w.out}, {w.inp}] matrix")
+    x = x.contiguous()
+    rows = x.shape[0]
+    y = torch.empty(rows, w.out) if out is None else out
+    if tuple(y.shape) != (rows, w.out) or not y.is_contiguous() or y.dtype != torch.float32:
+        raise ValueError(f"out {tuple(y.shape)} is not a contiguous fp32 [{rows}, {w.out}]")
+    lib, panels = _library()[0], w.data.shape[0]
+    threads = min(torch.get_num_threads(), panels)
+    if threads <= 1 or rows * w.out * w.inp < SPLIT_MIN_MACS:
+        lib.esgrpo_panel_matmul(x.data_ptr(), rows, w.inp, w.data.data_ptr(), w.out, 0, panels, y.data_ptr())
+        return y
+    bounds = [panels * t // threads for t in range(threads + 1)]
+    jobs = [_pool(threads).submit(lib.esgrpo_panel_matmul, x.data_ptr(), rows, w.inp, w.data.data_ptr(), w.out,
+                                  bounds[t], bounds[t + 1], y.data_ptr()) for t in range(threads)]
+    for job in jobs:
+        job.result()
+    return y

@@ -1,0 +1,81 @@
+"""The panel kernel (esgrpo.engines.panel_matmul) against torch's matmul, and where it may not run."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from esgrpo.engines import panel_matmul
+
+
+def kernel_expected() -> bool:
+    """The machine can build the kernel: an AVX2 CPU and a C compiler (CI has both)."""
+    return (torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+            and any(shutil.which(c) for c in ("cc", "gcc")))
+
+
+def test_kernel_builds_where_the_machine_can_or_says_why():
+    if kernel_expected():
+        assert panel_matmul.available(), panel_matmul.unavailable_reason()
+        assert panel_matmul.unavailable_reason() == ""
+    else:
+        assert not panel_matmul.available()
+        assert "AVX2" in panel_matmul.unavailable_reason() or "compiler" in panel_matmul.unavailable_reason()
+    assert not panel_matmul.available("meta")  # CPU only
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("ESGRPO_PANEL_KERNEL", "0")
+    panel_matmul._library.cache_clear()
+    try:
+        assert not panel_matmul.available() and panel_matmul.unavailable_reason() == "ESGRPO_PANEL_KERNEL=0"
+    finally:
+        monkeypatch.delenv("ESGRPO_PANEL_KERNEL")
+        panel_matmul._library.cache_clear()
+
+
+needs_kernel = pytest.mark.skipif(not kernel_expected(), reason="no AVX2 CPU or C compiler")
+
+
+@needs_kernel
+@pytest.mark.parametrize("out,inp", [(24, 5), (7, 3), (1536, 576), (50, 77), (100, 1)])
+@pytest.mark.parametrize("rows", [1, 3, 4, 8, 13, 70, 131])
+def test_panel_matmul_is_x_times_w_transpose(out, inp, rows):
+    gen = torch.Generator().manual_seed(out * 1000 + inp + rows)
+    w = torch.randn(out, inp, generator=gen)
+    x = torch.randn(rows, inp, generator=gen)
+    panels = panel_matmul.pack(w)
+    assert panels.data.shape == (-(-out // panel_matmul.PANEL), inp, panel_matmul.PANEL)
+    exact = (x.double() @ w.double().T).float()
+    got = panel_matmul.matmul(x, panels)
+    # fp32 sums of `inp` products in another order: a few ulps of the largest partial sums
+    torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5 * inp ** 0.5)
+    into = torch.full((rows, out), float("nan"))
+    assert panel_matmul.matmul(x, panels, into) is into and torch.equal(into, got)
+
+
+@needs_kernel
+def test_result_does_not_depend_on_the_thread_count():
+    w, x = torch.randn(1000, 300), torch.randn(40, 300)  # 12M multiply-adds: split over threads
+    panels = panel_matmul.pack(w)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = panel_matmul.matmul(x, panels)
+        torch.set_num_threads(2)
+        assert torch.equal(panel_matmul.matmul(x, panels), one)
+    finally:
+        torch.set_num_threads(before)
+
+
+@needs_kernel
+def test_bad_shapes_are_refused_with_the_shapes():
+    panels = panel_matmul.pack(torch.randn(10, 6))
+    with pytest.raises(ValueError, match=r"\(3, 5\).*\[10, 6\]"):
+        panel_matmul.matmul(torch.randn(3, 5), panels)
+    with pytest.raises(ValueError, match=r"out \(3, 9\)"):
+        panel_matmul.matmul(torch.randn(3, 6), panels, torch.empty(3, 9))
+    with pytest.raises(ValueError, match="2-D fp32 CPU"):
+        panel_matmul.pack(torch.randn(10, 6, dtype=torch.float64))
