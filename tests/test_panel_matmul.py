@@ -24,6 +24,8 @@ def test_kernel_builds_where_the_machine_can_or_says_why():
         assert not panel_matmul.available()
         assert "AVX2" in panel_matmul.unavailable_reason() or "compiler" in panel_matmul.unavailable_reason()
     assert not panel_matmul.available("meta")  # CPU only
+    assert panel_matmul.kernel_name("meta") == "torch.bmm on meta"
+    assert panel_matmul.kernel_name("cpu").startswith("panel" if kernel_expected() else "oneDNN packed (")
 
 
 def test_switched_off_by_the_environment(monkeypatch):

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, run_workflow
 
+from esgrpo.engines import panel_matmul
 from esgrpo.io import read_json, read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -191,6 +192,7 @@ def test_es_runs_train_log_and_evaluate(ci_workflow):
         assert key in metrics[-1], key
     summary = read_json(run / "summary.json")
     assert summary["method"] == "es" and summary["provenance"]["config"]["settings"]["population_size"] == 4
+    assert summary["member_matmul"] == panel_matmul.kernel_name("cpu")  # what rounded its rollouts
     evaluations = read_json(run / "eval.json")["evaluations"]
     assert {ev["eval_task"] for ev in evaluations} == {"countdown3", "sum_yesno"}
     rank_run = read_json(ci_workflow / "tiny" / "countdown3" / "es-n4-norm_rank-s0" / "summary.json")

@@ -6,8 +6,8 @@ Why: a full-rank ES decode step multiplies each member's own weights by only its
 (8-16), so every member's matrices stream from memory once a step and the step is as fast as the
 matmul reads weights. The libraries torch ships read them at 7-9 GB/s at 8 rows on one thread of the
 2-core EPYC (oneDNN packed 8.5, MKL 6.9, MKL packed 7.1; OpenBLAS in numpy 9.4) against 16-18 GB/s of
-read bandwidth; this kernel reads 13 GB/s there at 8 rows (1.6x oneDNN), 67 vs 46 GFLOP/s at 16 rows,
-91 vs 80 at 320 (the prompt pass). `benchmarks/es_throughput.py` prints which kernel ran.
+read bandwidth; this kernel reads 13.5-15.6 GB/s there at 8 rows (1.6-1.9x oneDNN), 86 vs 46 GFLOP/s at
+16 rows, 96 vs 80 at 320 (the prompt pass). `benchmarks/es_throughput.py` prints which kernel ran.
 
 Where it cannot run (no AVX2/FMA, no C compiler, ESGRPO_PANEL_KERNEL=0) `available()` is False, says
 why in `unavailable_reason()`, and the population engine keeps oneDNN's packed layout. The result is
@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["PANEL", "Panels", "available", "matmul", "pack", "unavailable_reason"]
+__all__ = ["PANEL", "Panels", "available", "kernel_name", "matmul", "pack", "unavailable_reason"]
 
 PANEL = 24  # columns of a panel (NR in panel_matmul.c)
 SOURCE = Path(__file__).with_name("panel_matmul.c")
@@ -67,15 +67,19 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
     target = _cache_dir() / f"panel_matmul-{key}.so"
-    if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-            built = Path(tmp) / target.name
-            run = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True, text=True)
-            if run.returncode != 0:
-                return None, f"{compiler} failed on {SOURCE}: {run.stderr.strip()[-300:]}"
-            os.replace(built, target)
-    lib = ctypes.CDLL(str(target))
+    try:
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                built = Path(tmp) / target.name
+                run = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True,
+                                     text=True)
+                if run.returncode != 0:
+                    return None, f"{compiler} failed on {SOURCE}: {run.stderr.strip()[-300:]}"
+                os.replace(built, target)
+        lib = ctypes.CDLL(str(target))
+    except OSError as err:  # a read-only cache, a library that does not load
+        return None, f"cannot build or load {target}: {err}"
     p, i, long = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
     lib.esgrpo_panel_matmul.argtypes = [p, long, i, p, i, i, i, p]
     lib.esgrpo_panel_matmul.restype = None
@@ -91,6 +95,14 @@ def available(device: torch.device | str = "cpu") -> bool:
 def unavailable_reason() -> str:
     """Why `available()` is False ("" when it is True)."""
     return _library()[1]
+
+
+def kernel_name(device: torch.device | str = "cpu") -> str:
+    """Which matmul the population engine's per-member matrices use on `device` (recorded in ES summaries:
+    the kernels round differently)."""
+    if torch.device(device).type != "cpu":
+        return f"torch.bmm on {torch.device(device).type}"
+    return "panel (esgrpo.engines.panel_matmul)" if available() else f"oneDNN packed ({unavailable_reason()})"
 
 
 def pack(w: Tensor) -> Panels:

@@ -8,10 +8,12 @@ interleaved pairs); `esgrpo.engines.population` explains why each rewrite is exa
 
 Layouts, chosen per matrix by a measured rule (`PACK_MIN_ELEMENTS`):
 - small matrices: stacked [N, in, out] for one `torch.bmm` over members (per-call cost dominates);
-- larger ones on a CPU: one oneDNN-packed matrix per member (`torch.ops.mkldnn._linear_pointwise`,
-  the blocked layout torch's inductor uses for CPU linears). At SmolLM2-135M's shapes it ran 1.6-3x the
-  FLOP/s of bmm or MKL's F.linear with 8-16 rows per member (49 vs 25 GFLOP/s at 8 rows x 576 x 3072,
-  one thread of the 2-core EPYC), which is what a decode step with B prompts per member is;
+- larger ones on a CPU: one packed matrix per member (`_pack`): 24-column panels for the panel kernel
+  (`esgrpo.engines.panel_matmul`) where it builds, else oneDNN's blocked layout
+  (`torch.ops.mkldnn._linear_pointwise`, the one torch's inductor uses for CPU linears). With 8-16 rows
+  per member, what a decode step with B prompts per member is, oneDNN ran 1.6-3x the FLOP/s of bmm or
+  MKL's F.linear at SmolLM2-135M's shapes, and the panel kernel 1.4-1.7x oneDNN's (one thread of the
+  2-core EPYC: 50 vs 29-34 GFLOP/s at 8 rows x 576 x 1536);
 - low-rank members (`esgrpo.noise.Population` with low-rank noise): ONE matrix shared by all members,
   whose matmul takes all N x B rows at once, plus each member's (x B_n) A_n^T (EGGROLL, arXiv
   2511.16652); the norm weights (full-rank noise, one per member) are applied to the normalised

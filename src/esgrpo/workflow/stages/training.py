@@ -40,6 +40,7 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
             if params.get("es_backend", "hf") == "vllm":
                 backend = vllm_backend(params["init_model"], rows, cfg, reward_fn, params.get("es_engine") or {})
             else:
+                from esgrpo.engines.panel_matmul import kernel_name
                 from esgrpo.es.hf_backend import HFESBackend, make_population_evaluator
 
                 dtype = params.get("dtype", "float32")
@@ -48,6 +49,8 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
                 backend = HFESBackend(model, tokenizer, make_population_evaluator(model, tokenizer, reward_fn),
                                       master_from=None if dtype == "float32" else params["init_model"])
             summary = train_es(backend, rows, cfg, out_dir, progress_dir, live=live)
+            if params.get("es_backend", "hf") != "vllm":  # the population engine's matmul: kernels round differently
+                summary["member_matmul"] = kernel_name(next(model.parameters()).device)
     elif method == "grpo":
         from esgrpo.grpo.settings import GRPOSettings
 
