@@ -42,7 +42,7 @@ needs_kernel = pytest.mark.skipif(not kernel_expected(), reason="no AVX2 CPU or 
 
 
 @needs_kernel
-@pytest.mark.parametrize("out,inp", [(24, 5), (7, 3), (1536, 576), (50, 77), (100, 1)])
+@pytest.mark.parametrize("out,inp", [(24, 5), (7, 3), (1536, 576), (50, 77), (48, 20), (100, 1)])
 @pytest.mark.parametrize("rows", [1, 3, 4, 8, 13, 70, 131])
 def test_panel_matmul_is_x_times_w_transpose(out, inp, rows):
     gen = torch.Generator().manual_seed(out * 1000 + inp + rows)
@@ -56,6 +56,21 @@ def test_panel_matmul_is_x_times_w_transpose(out, inp, rows):
     torch.testing.assert_close(got, exact, rtol=1e-5, atol=1e-5 * inp ** 0.5)
     into = torch.full((rows, out), float("nan"))
     assert panel_matmul.matmul(x, panels, into) is into and torch.equal(into, got)
+
+
+@needs_kernel
+@pytest.mark.parametrize("out,inp", [(48, 20), (50, 77), (7, 3)])
+def test_pack_applies_column_then_row_scales_as_torch_rounds_them(out, inp):
+    w, col, row = torch.randn(out, inp), torch.rand(inp) + 0.5, torch.rand(out) + 0.5
+    expect = (w * col[None, :]) * row[:, None]
+    padded = torch.zeros(-(-out // panel_matmul.PANEL) * panel_matmul.PANEL, inp)
+    padded[:out] = expect
+    as_panels = padded.view(-1, panel_matmul.PANEL, inp).transpose(1, 2)
+    assert torch.equal(panel_matmul.pack(w, col, row).data, as_panels)  # bit for bit
+    padded[:out] = w * col[None, :]
+    assert torch.equal(panel_matmul.pack(w, col=col).data, as_panels)
+    with pytest.raises(ValueError, match=rf"row scale \({out + 1},\)"):
+        panel_matmul.pack(w, row=torch.ones(out + 1))
 
 
 @needs_kernel

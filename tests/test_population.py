@@ -22,6 +22,7 @@ from transformers import (  # noqa: E402
 from esgrpo.engines import groups, panel_matmul  # noqa: E402
 from esgrpo.engines import population as pop  # noqa: E402
 from esgrpo.engines import population_weights as pw_module  # noqa: E402
+from esgrpo.engines.member_values import MemberValues  # noqa: E402
 from esgrpo.engines.population import (  # noqa: E402
     PopulationWeights,
     population_generate,
@@ -355,3 +356,19 @@ def test_full_rank_members_run_in_memory_bounded_groups(monkeypatch):
     monkeypatch.setattr(groups, "GROUP_BYTES", 1)
     assert [g.tolist() for g in pop.member_groups(model, members, torch.tensor([3, 1, 0]))] == [[3, 1], [0]]
     assert pop.member_groups(model, population_of(model, Noise("lowrank", 2)), None) == [None]  # shares its weights
+
+
+@pytest.mark.skipif(not panel_matmul.available(), reason="no panel kernel here (its test says why)")
+def test_panel_pack_of_deferred_scales_equals_the_scaled_fold_bit_for_bit():
+    model = tiny_model(False, "qwen2")
+    arch = pw_module.arch_of(model)
+    values = MemberValues(model, population_of(model, Noise()), None)
+    perm_q = pw_module._rope_perm(arch.head_dim, arch.heads)
+    perm_k = pw_module._rope_perm(arch.head_dim, arch.kv_heads)
+    fold = pw_module._fused_fold(values, pw_module._qkv_parts(arch, 0, perm_q, perm_k),
+                                 "model.layers.0.input_layernorm.weight")
+    deferred = fold([1], True)
+    assert deferred.row is not None and deferred.col is not None  # the q scale and the norm, still to apply
+    packed = panel_matmul.pack(deferred.weight[0].clone(), deferred.col[0], deferred.row).data
+    scaled = fold([1], False)
+    assert torch.equal(packed, panel_matmul.pack(scaled.weight[0]).data)

@@ -65,16 +65,57 @@ void esgrpo_panel_matmul(const float *x, long M, int I, const float *panels, int
     }
 }
 
-/* panels [ceil(O / 24)][I][24] from W [O, I] (contiguous), zero past O. */
-void esgrpo_panel_pack(const float *w, int O, int I, float *panels) {
+/* 8 x 8 transpose of r[0..7] in registers (unpack, shuffle, then swap 128-bit halves). */
+static inline void transpose8(__m256 *r) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20); r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20); r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31); r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31); r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* panels [ceil(O / 24)][I][24] of (W[j][k] * col[k]) * row[j] from W [O, I] (contiguous), zero past O;
+ * col [I] / row [O] NULL: not scaled. The scales are the RMSNorm weights and the attention scale the
+ * population engine folds in, multiplied in torch's order (the same floats), here instead of in two more
+ * passes over the matrix. 8 x 8 blocks transposed in registers: 7.6 GB/s into memory already touched,
+ * against 4.0 for the element-by-element copy. */
+void esgrpo_panel_pack(const float *w, int O, int I, const float *col, const float *row, float *panels) {
     int P = (O + NR - 1) / NR;
+    const __m256 one = _mm256_set1_ps(1.0f);
     for (int p = 0; p < P; p++) {
         float *panel = panels + (long)p * I * NR;
+        const float *rows = w + (long)p * NR * I;
         int ncols = O - p * NR < NR ? O - p * NR : NR;
+        int blocked = ncols == NR ? I & ~7 : 0; /* a full panel's k up to the last multiple of 8 */
         if (ncols < NR) memset(panel, 0, sizeof(float) * I * NR);
-        for (int j = 0; j < ncols; j++) {
-            const float *row = w + (long)(p * NR + j) * I;
-            for (int k = 0; k < I; k++) panel[(long)k * NR + j] = row[k];
+        for (int k0 = 0; k0 < blocked; k0 += 8) {
+            __m256 c = col ? _mm256_loadu_ps(col + k0) : one;
+            for (int j0 = 0; j0 < NR; j0 += 8) {
+                __m256 r[8];
+                for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(rows + (long)(j0 + i) * I + k0);
+                if (col)
+                    for (int i = 0; i < 8; i++) r[i] = _mm256_mul_ps(r[i], c);
+                transpose8(r);
+                if (row) {
+                    __m256 s = _mm256_loadu_ps(row + p * NR + j0);
+                    for (int i = 0; i < 8; i++) r[i] = _mm256_mul_ps(r[i], s);
+                }
+                for (int i = 0; i < 8; i++) _mm256_storeu_ps(panel + (long)(k0 + i) * NR + j0, r[i]);
+            }
         }
+        for (int j = 0; j < ncols; j++)
+            for (int k = blocked; k < I; k++) {
+                float v = rows[(long)j * I + k];
+                if (col) v *= col[k];
+                if (row) v *= row[p * NR + j];
+                panel[(long)k * NR + j] = v;
+            }
     }
 }

@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,13 +40,13 @@ FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared"]
 SPLIT_MIN_MACS = 2**21
 
 
+@dataclass(frozen=True, slots=True)
 class Panels:
-    """One [out, in] fp32 matrix as panels [ceil(out / 24), in, 24]."""
+    """One [out, in] fp32 matrix as panels."""
 
-    __slots__ = ("data", "out", "inp")
-
-    def __init__(self, data: Tensor, out: int, inp: int):
-        self.data, self.out, self.inp = data, out, inp
+    data: Tensor  # [ceil(out / 24), in, 24], zero past `out`
+    out: int
+    inp: int
 
 
 def _cache_dir() -> Path:
@@ -83,7 +84,7 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
     p, i, long = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
     lib.esgrpo_panel_matmul.argtypes = [p, long, i, p, i, i, i, p]
     lib.esgrpo_panel_matmul.restype = None
-    lib.esgrpo_panel_pack.argtypes = [p, i, i, p]
+    lib.esgrpo_panel_pack.argtypes = [p, i, i, p, p, p]
     lib.esgrpo_panel_pack.restype = None
     return lib, ""
 
@@ -105,14 +106,21 @@ def kernel_name(device: torch.device | str = "cpu") -> str:
     return "panel (esgrpo.engines.panel_matmul)" if available() else f"oneDNN packed ({unavailable_reason()})"
 
 
-def pack(w: Tensor) -> Panels:
-    """[out, in] fp32 (CPU) -> its panels."""
+def pack(w: Tensor, col: Tensor | None = None, row: Tensor | None = None) -> Panels:
+    """[out, in] fp32 (CPU) -> the panels of (w * col[None, :]) * row[:, None] (each scale optional, the
+    products rounded as torch rounds those two multiplies)."""
     if w.dtype != torch.float32 or w.dim() != 2 or w.device.type != "cpu":
         raise ValueError(f"pack takes a 2-D fp32 CPU matrix, not {tuple(w.shape)} {w.dtype} on {w.device}")
-    w = w.contiguous()
     out, inp = w.shape
+    scales = []
+    for name, scale, size in (("col", col, inp), ("row", row, out)):
+        if scale is not None and (scale.shape != (size,) or scale.dtype != torch.float32 or scale.device != w.device):
+            raise ValueError(f"{name} scale {tuple(scale.shape)} {scale.dtype} is not fp32 [{size}] on {w.device}")
+        scales.append(None if scale is None else scale.contiguous())
+    w = w.contiguous()
     data = torch.empty(-(-out // PANEL), inp, PANEL)
-    _library()[0].esgrpo_panel_pack(w.data_ptr(), out, inp, data.data_ptr())
+    _library()[0].esgrpo_panel_pack(w.data_ptr(), out, inp, *(None if t is None else t.data_ptr() for t in scales),
+                                   data.data_ptr())
     return Panels(data, out, inp)
 
 

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from esgrpo.engines import panel_matmul
-from esgrpo.noise import Population
+from esgrpo.engines.member_values import MemberValues
 
 __all__ = ["Arch", "Embedding", "arch_of", "Layer", "Linear", "PopulationWeights", "check_window", "member_bytes",
            "prepare_population", "stack_members"]
@@ -285,123 +285,38 @@ def member_bytes(arch: Arch) -> int:
     return 4 * (arch.layers * layer + 2 * arch.vocab * arch.hidden)
 
 
-# --------------------------------------------------------------------------- member values
-
-
-class _MemberValues:
-    """Every parameter's fp32 values for the members being prepared: from stacked [N, *shape] tensors, a
-    `Population` (built on demand, rounded to its dtypes as stacking would), or the model's own value
-    for every member (a name the source lacks, e.g. a frozen tensor)."""
-
-    def __init__(self, model: torch.nn.Module, stacked: Mapping[str, Tensor] | None, member_rows: Tensor | None):
-        self.params = dict(model.named_parameters())
-        self.device = next(model.parameters()).device
-        self.source = stacked or {}
-        self.population = stacked if isinstance(stacked, Population) else None
-        unknown = set(self.source) - set(self.params)
-        if unknown:
-            raise KeyError(f"not parameters of the model: {sorted(unknown)[:5]}")
-        if self.population is not None:
-            total = self.population.n_members
-        elif self.source:
-            sizes = {int(v.shape[0]) for v in self.source.values()}
-            if len(sizes) != 1:
-                raise ValueError(f"stacked tensors disagree on the member count: {sorted(sizes)}")
-            total = sizes.pop()
-        else:
-            total = 1
-        self.rows = (list(range(total)) if member_rows is None
-                     else [int(r) for r in torch.as_tensor(member_rows, dtype=torch.long).reshape(-1)])
-        self.n_members = len(self.rows)
-        self.lowrank = self.population is not None and self.population.noise.kind == "lowrank"
-        self._scratch: dict[tuple[str, tuple[int, ...]], Tensor] = {}
-
-    def stack(self, name: str, members: Sequence[int] | None = None) -> Tensor:
-        """[k, *shape] fp32 values of the prepared members `members` (positions, default all); may be an
-        expanded view (callers copy)."""
-        picked = self.rows if members is None else [self.rows[m] for m in members]
-        if name in self.source:
-            if self.population is not None:
-                pop = self.population
-                # one member at a time draws through the population's cache: antithetic partners share it
-                value = (pop.member(picked[0], name).unsqueeze(0) if len(picked) == 1
-                         else pop.stacked(name, picked))
-                dtype = pop.dtypes.get(name, torch.float32)
-                return value if dtype == torch.float32 else value.to(dtype).float()
-            value = self.source[name]
-            if picked != list(range(value.shape[0])):
-                value = value.index_select(0, torch.tensor(picked, device=value.device))
-            return value.to(device=self.device, dtype=torch.float32)
-        value = self.params[name].detach().to(torch.float32)
-        return value.unsqueeze(0).expand(len(picked), *value.shape)
-
-    def stack_into(self, name: str, members: Sequence[int] | None, out: Tensor, perm: Tensor | None = None) -> Tensor:
-        """`stack` written into `out` [k, *shape] (rows permuted by `perm` when given): the same values.
-
-        One fp32 member of a `Population` goes straight from theta and its noise draw into `out` (the add
-        into a scratch buffer when rows are permuted), without the member's fresh copy, its permuted copy
-        and their concatenation: at SmolLM2-135M's shape those copies were a third of preparing the members.
-        """
-        picked = self.rows if members is None else [self.rows[m] for m in members]
-        pop = self.population
-        if (pop is not None and name in self.source and len(picked) == 1
-                and pop.dtypes.get(name, torch.float32) == torch.float32):
-            seed, sign = pop.seeds_signs[picked[0]]
-            base, noise = pop.theta[name], pop._noise(seed, name)
-            if perm is None:
-                torch.add(base, noise, alpha=sign * pop.sigma, out=out[0])
-            else:
-                scratch = self.scratch(tuple(base.shape))
-                torch.add(base, noise, alpha=sign * pop.sigma, out=scratch)
-                torch.index_select(scratch, 0, perm, out=out[0])
-            return out
-        value = self.stack(name, members)
-        return out.copy_(value if perm is None else value[:, perm])
-
-    def scratch(self, shape: tuple[int, ...], slot: str = "member") -> Tensor:
-        """A reusable fp32 buffer of `shape` (one per shape and slot): callers copy out of it before reuse."""
-        key = (slot, shape)
-        if key not in self._scratch:
-            self._scratch[key] = torch.empty(shape, dtype=torch.float32, device=self.device)
-        return self._scratch[key]
-
-    def forget(self) -> None:
-        """Drop the population's cached noise draws (kept only across one matrix's members)."""
-        if self.population is not None:
-            self.population.forget()
-
-    def maybe(self, name: str, members: Sequence[int] | None = None) -> Tensor | None:
-        return self.stack(name, members) if name in self.params else None
-
-    def shared(self, name: str) -> tuple[Tensor, Tensor | None, Tensor | None]:
-        """Low rank: the value every member shares ([*shape] fp32) and the members' factors (A scaled
-        [N, m, r], B [N, n, r]), or None, None for a tensor without member noise."""
-        if name not in self.source:
-            return self.params[name].detach().to(torch.float32), None, None
-        pop = self.population
-        base = pop.theta[name].to(pop.dtypes.get(name, torch.float32)).float()
-        a, b = pop.factors(name, self.rows)
-        return base, a, b
-
-
 # --------------------------------------------------------------------------- full-rank members
 
 
-Fold = Callable[[Sequence[int] | None], tuple[Tensor, Tensor | None]]  # members -> ([k, out, in], [k, 1, out] | None)
+@dataclass
+class Folded:
+    """A fold of k members: weight [k, out, in], bias [k, 1, out] or None; with deferred scales, weight is
+    still to be multiplied by col [k, in] along its inputs (the norm) and then by row [out] along its
+    outputs (the q scale), which the panel pack does on its way (`panel_matmul.pack`)."""
+
+    weight: Tensor
+    bias: Tensor | None
+    col: Tensor | None = None
+    row: Tensor | None = None
 
 
-def _per_member(fold: Fold, out: int, inp: int, values: _MemberValues, rows: int) -> Linear:
+Fold = Callable[[Sequence[int] | None, bool], Folded]  # (members or None for all, defer the scales) -> Folded
+
+
+def _per_member(fold: Fold, out: int, inp: int, values: MemberValues, rows: int) -> Linear:
     """One matrix per member, in the layout its size runs fastest in (`PACK_MIN_ELEMENTS`)."""
     if packing_available(values.device) and out * inp >= PACK_MIN_ELEMENTS:
+        panels = panel_matmul.available(values.device)  # its pack multiplies the scales in: two passes fewer
         weights, biases = [], []
         for m in range(values.n_members):  # fold and pack one member at a time: it stays in cache
-            w, b = fold([m])
-            weights.append(_pack(w[0], rows))
-            biases.append(b)
+            f = fold([m], panels)
+            weights.append(panel_matmul.pack(f.weight[0], None if f.col is None else f.col[0], f.row) if panels
+                           else _pack(f.weight[0], rows))
+            biases.append(f.bias)
         values.forget()
         return Linear(weights, None if biases[0] is None else torch.cat(biases))
-    w, b = fold(None)
-    return Linear(w.transpose(1, 2).contiguous(), b)  # [N, in, out]: x @ w is a plain NN gemm
+    f = fold(None, False)
+    return Linear(f.weight.transpose(1, 2).contiguous(), f.bias)  # [N, in, out]: x @ w is a plain NN gemm
 
 
 def _qkv_parts(arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor) -> list[tuple[str, Tensor | None, float]]:
@@ -410,7 +325,7 @@ def _qkv_parts(arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor) -> list[tuple
     return [(a + "q_proj", perm_q, arch.head_dim ** -0.5), (a + "k_proj", perm_k, 1.0), (a + "v_proj", None, 1.0)]
 
 
-def _fused_bias(values: _MemberValues, parts, widths: Sequence[int], members) -> Tensor | None:
+def _fused_bias(values: MemberValues, parts, widths: Sequence[int], members) -> Tensor | None:
     """[k, 1, C] of the parts' biases (zeros where a part has none), permuted and scaled; None without biases."""
     biases = [values.maybe(name + ".bias", members) for name, _, _ in parts]
     if all(b is None for b in biases):
@@ -423,13 +338,13 @@ def _fused_bias(values: _MemberValues, parts, widths: Sequence[int], members) ->
     return torch.cat(out, dim=1).unsqueeze(1).contiguous()
 
 
-def _fused_fold(values: _MemberValues, parts, norm: str) -> Fold:
+def _fused_fold(values: MemberValues, parts, norm: str) -> Fold:
     """The fold of several [out, in] tensors into one: rows permuted and scaled, stacked, the norm folded."""
 
     shapes = [tuple(values.params[name + ".weight"].shape) for name, _, _ in parts]
     widths = [shape[0] for shape in shapes]
 
-    def fold(members):
+    def fold(members, defer):
         k = values.n_members if members is None else len(members)
         fused = (k, sum(widths), shapes[0][1])
         # one member (the packed layout copies it out): a reused buffer; several: a tensor of their own
@@ -438,31 +353,37 @@ def _fused_fold(values: _MemberValues, parts, norm: str) -> Fold:
         for (name, perm, _), width in zip(parts, widths, strict=True):
             values.stack_into(name + ".weight", members, w[:, start:start + width], perm)
             start += width
-        w.mul_(values.stack(norm, members)[:, None, :])
+        bias, g = _fused_bias(values, parts, widths, members), values.stack(norm, members)
+        if defer:
+            scales = [scale for _, _, scale in parts]
+            row = None if set(scales) == {1.0} else torch.cat(
+                [torch.full((width,), scale, device=values.device) for scale, width in zip(scales, widths, strict=True)])
+            return Folded(w, bias, g, row)
+        w.mul_(g[:, None, :])
         start = 0
         for (_, _, scale), width in zip(parts, widths, strict=True):
             if scale != 1.0:  # in place on the fused copy: no copy of the block of its own
                 w[:, start:start + width].mul_(scale)
             start += width
-        return w, _fused_bias(values, parts, widths, members)
+        return Folded(w, bias)
 
     return fold
 
 
-def _plain_fold(values: _MemberValues, name: str) -> Fold:
+def _plain_fold(values: MemberValues, name: str) -> Fold:
     shape = tuple(values.params[name + ".weight"].shape)
 
-    def fold(members):
+    def fold(members, defer):  # nothing to scale
         bias = values.maybe(name + ".bias", members)
         bias = None if bias is None else bias.unsqueeze(1).contiguous()
         if members is not None and len(members) == 1:  # one member, packed next: into a reused buffer
-            return values.stack_into(name + ".weight", members, values.scratch((1, *shape), "plain")), bias
-        return values.stack(name + ".weight", members), bias
+            return Folded(values.stack_into(name + ".weight", members, values.scratch((1, *shape), "plain")), bias)
+        return Folded(values.stack(name + ".weight", members), bias)
 
     return fold
 
 
-def _full_layer(values: _MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor, rows: int) -> Layer:
+def _full_layer(values: MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor, rows: int) -> Layer:
     """Layer i, full rank: norms, the q scale and the rope permutation folded into fused projections."""
     p, h, hd = arch.prefix, arch.hidden, arch.head_dim
     m = f"{p}.layers.{i}.mlp."
@@ -476,22 +397,24 @@ def _full_layer(values: _MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_
                  down=_per_member(_plain_fold(values, m + "down_proj"), h, arch.intermediate, values, rows))
 
 
-def _full_members(values: _MemberValues, arch: Arch, perm_q: Tensor, perm_k: Tensor, rows: int) -> PopulationWeights:
+def _full_members(values: MemberValues, arch: Arch, perm_q: Tensor, perm_k: Tensor, rows: int) -> PopulationWeights:
     layers = [_full_layer(values, arch, i, perm_q, perm_k, rows) for i in range(arch.layers)]
     n, v, h = values.n_members, arch.vocab, arch.hidden
     table = values.stack(f"{arch.prefix}.embed_tokens.weight").contiguous().view(n * v, h)
     norm = f"{arch.prefix}.norm.weight"
 
-    def head(members):  # a tied head is the member's embedding table (already built: no second noise draw)
+    def head(members, defer):  # a tied head is the member's embedding table (built: no second noise draw)
         if arch.tied:
             w = table.view(n, v, h)
             w = w if members is None else w[members[0]:members[0] + 1] if len(members) == 1 else w[list(members)]
         else:
             w = values.stack("lm_head.weight", members)
-        g = values.stack(norm, members)[:, None, :]
+        g = values.stack(norm, members)
+        if defer:  # the pack reads the table itself
+            return Folded(w, None, g)
         if len(w) == 1:  # one member, packed next: into a reused buffer
-            return torch.mul(w, g, out=values.scratch(tuple(w.shape), "head")), None
-        return w * g, None
+            return Folded(torch.mul(w, g[:, None, :], out=values.scratch(tuple(w.shape), "head")), None)
+        return Folded(w * g[:, None, :], None)
 
     return PopulationWeights(n_members=n, arch=arch, embed=Embedding(table, n, v),
                              layers=layers, head=_per_member(head, v, h, values, rows))
@@ -508,7 +431,7 @@ def _shared_linear(base: Tensor, bias: Tensor | None, down: Tensor | None, up: T
     return Linear(base.T.contiguous().unsqueeze(0), bias, down, up)
 
 
-def _lowrank_linear(values: _MemberValues, parts, bias: Tensor | None, rows: int) -> Linear:
+def _lowrank_linear(values: MemberValues, parts, bias: Tensor | None, rows: int) -> Linear:
     """Fused parts (name, row permutation, scale): the shared [C, in] matrix, and the members' factors as
     down = [B_1 .. B_p] [N, in, p r] and a block-diagonal up [N, p r, C] holding each part's A^T."""
     bases, downs, ups, start = [], [], [], 0
@@ -533,7 +456,7 @@ def _lowrank_linear(values: _MemberValues, parts, bias: Tensor | None, rows: int
     return _shared_linear(base, bias, down, up, rows, values.device)
 
 
-def _lowrank_layer(values: _MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor, rows: int) -> Layer:
+def _lowrank_layer(values: MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor, rows: int) -> Layer:
     p = arch.prefix
     m, a = f"{p}.layers.{i}.mlp.", f"{p}.layers.{i}.self_attn."
     parts = _qkv_parts(arch, i, perm_q, perm_k)
@@ -557,7 +480,7 @@ def _lowrank_layer(values: _MemberValues, arch: Arch, i: int, perm_q: Tensor, pe
                  norm1=norm("input_layernorm"), norm2=norm("post_attention_layernorm"))
 
 
-def _lowrank_members(values: _MemberValues, arch: Arch, perm_q: Tensor, perm_k: Tensor,
+def _lowrank_members(values: MemberValues, arch: Arch, perm_q: Tensor, perm_k: Tensor,
                      rows: int) -> PopulationWeights:
     """Low rank: shared matrices take all N x B rows in one call (`rows` = N x B is their packing hint)."""
     p, n = arch.prefix, values.n_members
@@ -585,7 +508,7 @@ def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | N
     rows: the rows per member of a decode step (the prompts), the packed layout's size hint.
     """
     arch = arch_of(model)
-    values = _MemberValues(model, stacked, member_rows)
+    values = MemberValues(model, stacked, member_rows)
     perm_q = _rope_perm(arch.head_dim, arch.heads).to(values.device)
     perm_k = _rope_perm(arch.head_dim, arch.kv_heads).to(values.device)
     if values.lowrank:
