@@ -38,6 +38,22 @@ def test_switched_off_by_the_environment(monkeypatch):
         panel_matmul._library.cache_clear()
 
 
+def test_a_compiler_that_fails_leaves_oneDNN_and_warns_why(monkeypatch, tmp_path):
+    monkeypatch.setenv("CC", "false")  # a compiler that exits 1 and builds nothing
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no kernel built before
+    panel_matmul._library.cache_clear()
+    try:
+        with pytest.warns(UserWarning, match="panel kernel is not available"):
+            assert not panel_matmul.available()
+        avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
+        why = "false failed on " if avx2 else "CPU capability "
+        assert panel_matmul.kernel_name().startswith(f"oneDNN packed ({why}")
+        assert not list(tmp_path.rglob("*.so"))
+    finally:
+        monkeypatch.undo()
+        panel_matmul._library.cache_clear()
+
+
 needs_kernel = pytest.mark.skipif(not kernel_expected(), reason="no AVX2 CPU or C compiler")
 
 
