@@ -71,7 +71,7 @@ run: install
 # (docs/cluster.md, "Trying the vLLM paths without a GPU"). Every stage runs; the target fails if any did.
 test: install vllm-env
 	@fail=0; \
-	start=$$(date +%s); $(PY) -m pytest -q -m "not vllm and not slurm" || fail=1; \
+	start=$$(date +%s); $(PY) -m pytest -q --durations=12 -m "not vllm and not slurm" || fail=1; \
 	  echo "unit stage (.venv): $$(( $$(date +%s) - start )) s"; \
 	start=$$(date +%s); $(PY) -m pytest -q -m slurm || fail=1; \
 	  echo "Slurm stage (.venv, local Slurm): $$(( $$(date +%s) - start )) s"; \
