@@ -39,7 +39,8 @@ SOURCE = Path(__file__).with_name("panel_matmul.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared"]
 # Below this many multiply-adds a call runs on one thread: split over the 2-core EPYC's two threads, 1-2M
 # ran at a third to half of one thread's GFLOP/s (the pool's hand-off), 7M even (63 vs 66), 14M and up
-# 1.2-1.9x (/tmp scratch scan, 256x256 to 3072x576, 8-128 rows); either beat oneDNN on two threads.
+# 1.2-1.9x (`matmul` with this at 0 and at 2^62, 256x256 to 3072x576, 8-128 rows); either beat oneDNN on
+# two threads.
 SPLIT_MIN_MACS = 2**23
 
 

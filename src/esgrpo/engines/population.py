@@ -60,8 +60,9 @@ N * B rows, as batch inference does. Attention and the entropy stay below 5% eac
 At N = 16, B = 8 a full-rank rollout was ~25% preparing members (noise most of it), ~20% the prompt pass
 (compute-bound, as batch inference's) and ~55% member weights streamed through 8-row matmuls at 6-8 GB/s,
 oneDNN's best here. The panel kernel (`esgrpo.engines.panel_matmul`, an AVX2 register-blocked matmul with
-next-panel prefetch) streams them at 12-13 GB/s and runs the prompt pass at ~90 GFLOP/s: the rollout went
-from 1.2x to 1.6x one `generate` per member, 0.49 to 0.55 of batch inference; tables in docs/smollm2.md.
+next-panel prefetch) streams them at 13.5-15.6 GB/s and runs the prompt pass at ~90 GFLOP/s: at N = 4 and 16,
+B = 8 and 16 the rollout went from 1.09-1.25x to 1.54-1.73x one `generate` per member, and from 0.49-0.71 to
+0.60-0.92 of batch inference; tables in docs/smollm2.md.
 """
 
 from __future__ import annotations
