@@ -28,6 +28,21 @@ def test_kernel_builds_where_the_machine_can_or_says_why():
     assert panel_matmul.kernel_name("cpu").startswith("panel" if kernel_expected() else "oneDNN packed (")
 
 
+@pytest.mark.skipif(not kernel_expected(), reason="no AVX2 CPU or C compiler")
+def test_a_fresh_cache_compiles_the_kernel_once(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a machine that never built it (CI's clean one)
+    panel_matmul._library.cache_clear()
+    try:
+        assert panel_matmul.available(), panel_matmul.unavailable_reason()
+        built = list((tmp_path / "esgrpo" / "kernels").glob("panel_matmul-*.so"))
+        assert len(built) == 1 and not [p for p in built[0].parent.iterdir() if p not in built]  # no leftovers
+        w, x = torch.randn(30, 16), torch.randn(5, 16)
+        torch.testing.assert_close(panel_matmul.matmul(x, panel_matmul.pack(w)), x @ w.T, rtol=1e-5, atol=1e-5)
+    finally:
+        monkeypatch.undo()
+        panel_matmul._library.cache_clear()
+
+
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("ESGRPO_PANEL_KERNEL", "0")
     panel_matmul._library.cache_clear()
