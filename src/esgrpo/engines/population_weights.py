@@ -343,6 +343,10 @@ def _fused_fold(values: MemberValues, parts, norm: str) -> Fold:
 
     shapes = [tuple(values.params[name + ".weight"].shape) for name, _, _ in parts]
     widths = [shape[0] for shape in shapes]
+    scales = [scale for _, _, scale in parts]
+    # the parts' scales along the fused outputs, for a deferred fold (the same for every member)
+    row = None if set(scales) == {1.0} else torch.cat(
+        [torch.full((width,), scale, device=values.device) for scale, width in zip(scales, widths, strict=True)])
 
     def fold(members, defer):
         k = values.n_members if members is None else len(members)
@@ -355,13 +359,10 @@ def _fused_fold(values: MemberValues, parts, norm: str) -> Fold:
             start += width
         bias, g = _fused_bias(values, parts, widths, members), values.stack(norm, members)
         if defer:
-            scales = [scale for _, _, scale in parts]
-            row = None if set(scales) == {1.0} else torch.cat(
-                [torch.full((width,), scale, device=values.device) for scale, width in zip(scales, widths, strict=True)])
             return Folded(w, bias, g, row)
         w.mul_(g[:, None, :])
         start = 0
-        for (_, _, scale), width in zip(parts, widths, strict=True):
+        for scale, width in zip(scales, widths, strict=True):
             if scale != 1.0:  # in place on the fused copy: no copy of the block of its own
                 w[:, start:start + width].mul_(scale)
             start += width
