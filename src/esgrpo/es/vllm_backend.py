@@ -5,7 +5,7 @@ per GPU, the population spread over the engines, only seeds crossing process bou
 weights perturbed in place through ``llm.collective_rpc``. This module does that without the known
 traps:
 
-- noise is `esgrpo.es.ops.tensor_noise` of the *Hugging Face* tensor name, generated in fp32 on the
+- noise is `esgrpo.noise.tensor_noise` of the *Hugging Face* tensor name, generated in fp32 on the
   weight's device; a tensor vLLM fuses gets its parts' noise concatenated (`esgrpo.engines.vllm_layout`), so
   the trajectory is the same function of (seed, HF name) as on the transformers backend
   (`esgrpo.es.hf_backend`; the same on any device type, CPU and CUDA streams differ);

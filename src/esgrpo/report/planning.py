@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from esgrpo.analysis.settings import ANALYSES
 from esgrpo.config import judged_on
 from esgrpo.evaluation.heldout import heldout_files
 from esgrpo.runs import config_rank, continual_stage_one, parse_run_name, planned_runs
 
 BASE = "base"  # the base model's evaluation folder and the "run" of its rows
-ANALYSES = ("drift", "theory", "cosine", "sparsity", "kl", "interpolation")
 METHOD = {"base": "base", "es": "ES", "grpo": "GRPO", "es->grpo": "ES->GRPO", "grpo->es": "GRPO->ES",
           "cl_es": "ES", "cl_grpo": "GRPO", "es_pop": "ES", "es_norm": "ES", "es_anti": "ES",
           "grpo_group": "GRPO", "es_rank": "ES"}

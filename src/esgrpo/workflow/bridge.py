@@ -1,7 +1,8 @@
 """The bridge from a Snakemake `script:` to a stage function: logs, threads, plain arguments.
 
 Rules stay thin: each workflow script is two lines that call
-``run_stage(snakemake, "esgrpo.workflow.stages.x:stage")``. The stage is named, not imported, by the
+``run_stage(snakemake, "<module>:<function>")``, e.g.
+``esgrpo.workflow.stages.training:train_run``. The stage is named, not imported, by the
 script, so that a local run can hand the call to its warm job server (esgrpo.workflow.job_server), which
 has torch and transformers imported already; elsewhere (SLURM, GPU configs) the call runs here.
 """
