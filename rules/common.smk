@@ -494,10 +494,18 @@ def paper_a_targets():
     ]
 
 
+def snapshot_eval_targets():
+    """The evaluations of the ES snapshots (es.snapshots): paper B's code exports and evaluates its model
+    after one epoch as well as two, so its target evaluates them like final models."""
+    return [f"{run_dir(m, t, r)}/eval.json" for m in MODELS for t, r in planned_runs(config, m)
+            if re.fullmatch(SNAPSHOT_RUN_PATTERN, r)]
+
+
 def paper_b_targets():
     return [
         *[p for n in paper_planning.PAPER_B_TABLES for p in table_targets(n)],
         *[p for n in paper_planning.PAPER_B_FIGURES for p in figure_targets(n)],
+        *snapshot_eval_targets(),
     ]
 
 

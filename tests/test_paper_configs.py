@@ -50,7 +50,9 @@ def expected_jobs(name: str) -> dict[str, int]:
         easy = len(PAPER_B_EASY) * (1 + 3 + 2 + 1 + 1)  # ES N=32; N in {8,16,64}; rank, none; antithetic; GRPO
         hard = len(PAPER_B_HARD_TRAIN_TASKS) * 2 + 2    # ES and GRPO per task; ES->GRPO, GRPO->ES on DeepScaleR
         runs = easy + hard
-        return {"prepare_task": 3, "eval_base": 5, "train_run": runs, "eval_run": runs, "table_base_passk": 1}
+        snapshots = len(PAPER_B_EASY) + len(PAPER_B_HARD_TRAIN_TASKS)  # each main ES run after one epoch (117 it)
+        return {"prepare_task": 3, "eval_base": 5, "train_run": runs, "es_snapshot": snapshots,
+                "eval_run": runs + snapshots, "table_base_passk": 1}
     if name == "smollm2":
         runs = 3 * 3   # seeds 0, 1, 2 x {ES N=8 full-rank, ES N=8 rank 4, GRPO G=4}
         return {"convert_gguf_model": 1, "prepare_task": 1, "eval_base": 1, "train_run": runs, "eval_run": runs,
@@ -100,6 +102,8 @@ def test_paper_b_settings_are_the_papers():
     assert (s["sigma"], s["alpha"], s["prompts_per_iteration"]) == (1.5e-3, 2.5e-4, 64)
     assert s["iterations"] == 2 * -(-7473 // 64) == 234  # 2 epochs of GSM8K
     assert s["fitness_temperature"] == 0.0 and s["max_new_tokens"] == 2048 and s["reward_scheme"] == "boxed_partial"
+    # its code's schedule (seed 42, epochs of a permutation) and checkpoints (steps 117 and 234)
+    assert (s["prompt_schedule"], s["prompt_seed"], es["snapshots"]) == ("epochs", 42, [117])
     ab = es["ablations"]
     assert ab["task"] == "gsm8k" and sorted(ab["population_sizes"] + es["population_sizes"]) == [8, 16, 32, 64]
     assert sorted(ab["normalization"]) == ["none", "rank"] and ab["antithetic"] is True
