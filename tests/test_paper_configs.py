@@ -52,7 +52,7 @@ def expected_jobs(name: str) -> dict[str, int]:
         runs = easy + hard
         snapshots = len(PAPER_B_EASY) + len(PAPER_B_HARD_TRAIN_TASKS)  # each main ES run after one epoch (117 it)
         return {"prepare_task": 3, "eval_base": 5, "train_run": runs, "es_snapshot": snapshots,
-                "eval_run": runs + snapshots, "table_base_passk": 1}
+                "eval_run": runs + snapshots, "pin_model": 1, "table_base_passk": 1}  # pinned: Qwen2.5-1.5B
     if name == "smollm2":
         runs = 3 * 3   # seeds 0, 1, 2 x {ES N=8 full-rank, ES N=8 rank 4, GRPO G=4}
         return {"convert_gguf_model": 1, "prepare_task": 1, "eval_base": 1, "train_run": runs, "eval_run": runs,

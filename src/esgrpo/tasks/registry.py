@@ -12,14 +12,15 @@ from esgrpo.tasks.base import TaskSpec
 # The papers' datasets, read from the Hugging Face Hub or a local copy (esgrpo.tasks.hub).
 HUB_TASKS: dict[str, TaskSpec] = {
     "gsm8k": TaskSpec("gsm8k", "math", hub.load_gsm8k, "GSM8K grade-school maths (paper B, easy setting)",
-                      prompt_fields=hub.GSM8K_FIELDS),
+                      prompt_fields=hub.GSM8K_FIELDS, hub_ids={"train": hub.GSM8K_ID, "test": hub.GSM8K_ID}),
     "deepscaler": TaskSpec("deepscaler", "math", hub.load_deepscaler,
                            "DeepScaleR-Preview maths, train only (paper B, hard)", splits=("train",),
-                           prompt_fields=hub.DEEPSCALER_FIELDS),
+                           prompt_fields=hub.DEEPSCALER_FIELDS, hub_ids={"train": hub.DEEPSCALER_ID}),
     "countdown": TaskSpec("countdown", "countdown", hub.load_countdown, "Countdown 3-4 numbers (paper A, Qiu et al.)",
                           prompt_fields=hub.COUNTDOWN_FIELDS),
     "math": TaskSpec("math", "math", hub.load_math, "MATH: 40/level train, MATH-500 test (paper A)",
-                     prompt_fields=hub.MATH_FIELDS, selections=hub.MATH_SELECTIONS),
+                     prompt_fields=hub.MATH_FIELDS, selections=hub.MATH_SELECTIONS,
+                     hub_ids={"train": hub.MATH_TRAIN_ID, "test": hub.MATH_TEST_ID}),
     "boolq": TaskSpec("boolq", "yesno", hub.load_boolq, "BoolQ yes/no reading comprehension (paper A)",
                       prompt_fields=hub.BOOLQ_FIELDS),
     "chemistry": TaskSpec("chemistry", "choice", hub.load_chemistry,
