@@ -33,7 +33,7 @@ PAPER_B_EASY = {"qwen2_5_1_5b": "Qwen/Qwen2.5-1.5B-Instruct", "qwen2_5_3b": "Qwe
 PAPER_B_HARD = {"r1_distill_1_5b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"}
 # The hard model trains on DeepScaleR (train split only) and is judged on MATH-500 (eval_tasks).
 PAPER_B_HARD_TRAIN_TASKS = ["deepscaler"]
-PAPER_B_HARD_EVAL_TASKS = ["math"]
+PAPER_B_HARD_EVAL_TASKS = ["math", "aime24", "amc23", "minerva", "olympiadbench"]  # MATH-500 and the other benchmarks
 
 
 def expected_jobs(name: str) -> dict[str, int]:
@@ -51,7 +51,7 @@ def expected_jobs(name: str) -> dict[str, int]:
         hard = len(PAPER_B_HARD_TRAIN_TASKS) * 2 + 2    # ES and GRPO per task; ES->GRPO, GRPO->ES on DeepScaleR
         runs = easy + hard
         snapshots = len(PAPER_B_EASY) + len(PAPER_B_HARD_TRAIN_TASKS)  # each main ES run after one epoch (117 it)
-        return {"prepare_task": 3, "eval_base": 5, "train_run": runs, "es_snapshot": snapshots,
+        return {"prepare_task": 2 + len(PAPER_B_HARD_EVAL_TASKS), "eval_base": 5, "train_run": runs, "es_snapshot": snapshots,
                 "eval_run": runs + snapshots, "pin_model": 1, "table_base_passk": 1}  # pinned: Qwen2.5-1.5B
     if name == "smollm2":
         runs = 3 * 3   # seeds 0, 1, 2 x {ES N=8 full-rank, ES N=8 rank 4, GRPO G=4}

@@ -6,6 +6,8 @@ a loader never imports the registry and the registry imports each source once.
 
 from __future__ import annotations
 
+import functools
+
 from esgrpo.tasks import hub, offline
 from esgrpo.tasks.base import TaskSpec
 
@@ -40,7 +42,15 @@ OFFLINE_TASKS: dict[str, TaskSpec] = {
                            "which of three short words comes first a-z or z-a (A-C)"),
 }
 
-TASKS: dict[str, TaskSpec] = {**HUB_TASKS, **OFFLINE_TASKS}
+# Paper B's hard-setting benchmarks beside MATH-500 (esgrpo.tasks.hub.BENCHMARKS), evaluation only.
+BENCHMARK_TASKS: dict[str, TaskSpec] = {
+    name: TaskSpec(name, "math", functools.partial(hub.load_benchmark, name),
+                   f"{bench.hub_id}: {bench.rows} maths problems, evaluation only (paper B, hard)", splits=("test",),
+                   prompt_fields=hub.BENCHMARK_FIELDS, hub_ids={"test": bench.hub_id})
+    for name, bench in hub.BENCHMARKS.items()
+}
+
+TASKS: dict[str, TaskSpec] = {**HUB_TASKS, **BENCHMARK_TASKS, **OFFLINE_TASKS}
 
 
 def get_task(name: str) -> TaskSpec:
