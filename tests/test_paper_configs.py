@@ -200,3 +200,20 @@ def test_dry_run_through_the_api(tmp_path):
         started = time.perf_counter()
         run_workflow(tmp_path / name, CONFIGS[name], dryrun=True)
         print(f"\n{name}: API dry run {time.perf_counter() - started:.1f} s")
+
+
+def test_paper_b_reference_check_compares_with_its_tolerance(tmp_path):
+    """scripts/paper_b_reference_check.py: 988/1319 and 0.7027 pass, one question or 0.006 off mean@32 more
+    than the 0.005 tolerance fails; a machine without the pinned model says so and exits 0."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("paper_b_reference_check", REPO / "scripts" / "paper_b_reference_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert [ok for _, ok in check.verdicts(988, 1319, 0.7027)] == [True, True]
+    assert [ok for _, ok in check.verdicts(988 - 7, 1319, 0.7027 + 0.006)] == [False, False]  # 7/1319 = 0.0053
+    assert [ok for _, ok in check.verdicts(966, 1319, 0.7320, method="ES")] == [True, True]
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "paper_b_reference_check.py")], capture_output=True,
+                         text=True, env={**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0 and "skipped" in out.stdout and "989aa7980e4c" in out.stdout
