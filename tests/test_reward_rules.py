@@ -129,24 +129,28 @@ def _departure_of(case: dict, ours: float, theirs: float) -> str | None:
     return None
 
 
+def assert_documented(differences: list[tuple[str | None, tuple]], departures: dict) -> Counter:
+    """Every difference (departure name or None, what differed) is a documented departure; every
+    departure still shows on some case and is named in docs/rewards.md. The count per departure."""
+    seen = Counter(name for name, _ in differences)
+    assert [what for name, what in differences if name is None] == []
+    assert set(seen) == set(departures), f"departures no case shows any more: {set(departures) - set(seen)}"
+    doc = DOC.read_text(encoding="utf-8")
+    assert [name for name in departures if f"`{name}`" not in doc] == []
+    return seen
+
+
 def test_every_difference_of_the_default_rules_is_a_documented_departure(corpus, paper_a):
-    seen: Counter = Counter()
-    unexplained = []
+    differences = []
     for case in corpus:
         ours, theirs = grade(case, "esgrpo"), paper_a["verdicts"][case["id"]]
-        if ours == theirs:
-            continue
-        name = _departure_of(case, ours, theirs)
-        if name is None:
-            unexplained.append((case["id"], case["form"], ours, theirs, case["completion"][-60:]))
-        seen[name] += 1
-    differing = Counter(c["task"] for c in corpus if grade(c, "esgrpo") != paper_a["verdicts"][c["id"]])
-    print(f"\ndefault rules differ from paper A's on {sum(differing.values())} of {len(corpus)} cases "
+        if ours != theirs:
+            differences.append((_departure_of(case, ours, theirs),
+                                (case["id"], case["form"], ours, theirs, case["completion"][-60:])))
+    differing = Counter(what[0].split("-")[0] for _, what in differences)
+    seen = assert_documented(differences, DEPARTURES)
+    print(f"\ndefault rules differ from paper A's on {len(differences)} of {len(corpus)} cases "
           f"{dict(differing)}, all in {len(seen)} documented departures: {dict(seen)}")
-    assert unexplained == []
-    assert set(seen) == set(DEPARTURES), f"departures no case shows any more: {set(DEPARTURES) - set(seen)}"
-    doc = DOC.read_text(encoding="utf-8")
-    assert [name for name in DEPARTURES if f"`{name}`" not in doc] == []
 
 
 # --------------------------------------------------------------------------- the default rules' fixes
@@ -293,22 +297,16 @@ def _departure_b(case: dict, grader: str, ours: float, theirs: float) -> str | N
 
 
 def test_every_difference_of_the_default_rules_from_paper_b_is_a_documented_departure(corpus_b, paper_b):
-    seen: Counter = Counter()
-    unexplained = []
+    differences = []
     for case in corpus_b:
         for grader in ("train", "eval"):
             ours, theirs = grade_b(case, grader, "esgrpo"), _verdict_b(paper_b, case, grader)
             if ours != theirs:
-                name = _departure_b(case, grader, ours, theirs)
-                if name is None:
-                    unexplained.append((case["id"], grader, case["form"], ours, theirs, case["completion"][-50:]))
-                seen[name] += 1
-    print(f"\ndefault rules differ from paper B's code in {sum(seen.values())} grades of {2 * len(corpus_b)}, "
+                differences.append((_departure_b(case, grader, ours, theirs),
+                                    (case["id"], grader, case["form"], ours, theirs, case["completion"][-50:])))
+    seen = assert_documented(differences, DEPARTURES_B)
+    print(f"\ndefault rules differ from paper B's code in {len(differences)} grades of {2 * len(corpus_b)}, "
           f"all in {len(seen)} documented departures: {dict(seen)}")
-    assert unexplained == []
-    assert set(seen) == set(DEPARTURES_B), f"departures no case shows any more: {set(DEPARTURES_B) - set(seen)}"
-    doc = DOC.read_text(encoding="utf-8")
-    assert [name for name in DEPARTURES_B if f"`{name}`" not in doc] == []
 
 
 def test_paper_b_s_two_graders_reach_training_and_evaluation():
