@@ -25,6 +25,7 @@ from esgrpo.runs import (
     reward_rules_setting,
     run_spec,
 )
+from esgrpo.pins import model_snapshot_folder
 from esgrpo.workflow import slurm
 
 check_config(config)
@@ -69,6 +70,8 @@ wildcard_constraints:
 
 # Models shipped as a GGUF file (`models.<name>.gguf_file`) are converted once to HF layout.
 GGUF_MODELS = [m for m, spec in config["models"].items() if spec.get("gguf_file")]
+PINNED_MODELS = [m for m, spec in config["models"].items()
+                 if not spec.get("gguf_file") and spec["source"] != "default" and (spec.get("revision") or spec.get("sha256"))]
 
 
 def model_tasks(model):
@@ -101,17 +104,37 @@ def base_model_is_built(model):
     return spec["source"] == "default" or bool(spec.get("gguf_file"))
 
 
+def base_model_is_pinned(model):
+    """A Hub id or folder with a pinned revision or file checksums (esgrpo.pins; rule pin_model checks them)."""
+    spec = config["models"][model]
+    return not base_model_is_built(model) and bool(spec.get("revision") or spec.get("sha256"))
+
+
 def base_model_files(wildcards):
-    """The built base checkpoint, when the model is built here (not a Hub id or a folder)."""
+    """The built base checkpoint, when the model is built here (not a Hub id or a folder); for a pinned
+    model, the record of its checked files (so that no job reads it before the check)."""
     if base_model_is_built(wildcards.model):
         return f"{RESULTS}/{wildcards.model}/base/model"
+    if base_model_is_pinned(wildcards.model):
+        return f"{RESULTS}/{wildcards.model}/base/pin.json"
     return []
 
 
 def base_model_ref(wildcards):
     if base_model_is_built(wildcards.model):
         return f"{RESULTS}/{wildcards.model}/base/model"
-    return config["models"][wildcards.model]["source"]
+    spec = config["models"][wildcards.model]
+    if spec.get("revision") and not Path(spec["source"]).expanduser().is_dir():
+        return str(model_snapshot_folder(spec["source"], spec["revision"]))  # the pinned revision's files
+    return spec["source"]
+
+
+def model_revision(wildcards):
+    return config["models"][wildcards.model].get("revision")
+
+
+def model_sha256(wildcards):
+    return dict(config["models"][wildcards.model].get("sha256") or {})
 
 
 def task_files(tasks, split="test"):
@@ -494,10 +517,18 @@ def paper_a_targets():
     ]
 
 
+def snapshot_eval_targets():
+    """The evaluations of the ES snapshots (es.snapshots): paper B's code exports and evaluates its model
+    after one epoch as well as two, so its target evaluates them like final models."""
+    return [f"{run_dir(m, t, r)}/eval.json" for m in MODELS for t, r in planned_runs(config, m)
+            if re.fullmatch(SNAPSHOT_RUN_PATTERN, r)]
+
+
 def paper_b_targets():
     return [
         *[p for n in paper_planning.PAPER_B_TABLES for p in table_targets(n)],
         *[p for n in paper_planning.PAPER_B_FIGURES for p in figure_targets(n)],
+        *snapshot_eval_targets(),
     ]
 
 

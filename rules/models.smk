@@ -64,6 +64,28 @@ rule base_fingerprint:
 ruleorder: convert_gguf_model > build_default_model
 
 
+# A Hub model with a pinned revision and/or file checksums (`models.<name>.revision`, `.sha256`; esgrpo.pins):
+# fetched at that revision into huggingface_hub's cache and checked once, before any job reads it;
+# base_model_ref then names the revision's folder. A local rule: it needs the Hub, and compute nodes may not.
+rule pin_model:
+    output:
+        pin=f"{RESULTS}/{{model}}/base/pin.json",
+    params:
+        source=model_source,
+        revision=model_revision,
+        sha256=model_sha256,
+    log:
+        f"{RESULTS}/logs/{{model}}/pin_model.log",
+    wildcard_constraints:
+        model=_alternatives(PINNED_MODELS) if PINNED_MODELS else "(?!)",
+    localrule: True
+    threads: 1
+    conda:
+        SOFTWARE_ENV
+    script:
+        "../workflow_scripts/pin_model.py"
+
+
 rule convert_gguf_model:
     output:
         model=directory(f"{RESULTS}/{{model}}/base/model"),

@@ -2,7 +2,10 @@
 # The checks a first lent GPU runs, as one prepared script (one device call, ~8 minutes):
 #   1. the ES throughput benchmark on CUDA (issue 20, item 4) at SmolLM2's shape and a 1.5B shape;
 #   2. scripts/gpu_smoke.sh: the resource plan against measured GPU memory and time, Qwen2.5-1.5B and -7B
-#      shapes, ES and GRPO (issue 12, item 10).
+#      shapes, ES and GRPO (issue 12, item 10);
+#   3. scripts/paper_b_reference_check.py: paper B's base evaluation (Qwen2.5-1.5B-Instruct at its pinned
+#      revision, GSM8K test, rewards.rules paper_b) against its reference 988/1319 and mean@32 0.7027 within
+#      0.005 (issue 30, item 7), where the machine has the model in its Hugging Face cache (else skipped).
 # Each part has its own time limit, so that one hung or failed part leaves the other's output.
 #
 #   OUT=/some/folder scripts/gpu_checks.sh          # logs and the smoke test's JSON land in $OUT
@@ -45,4 +48,8 @@ nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv 2>&1 | tee -a "$o
 
 # 2. The plan's GPU memory and time against measured ones.
 timeout 250 scripts/gpu_smoke.sh --json "$out/gpu_smoke.json" 2>&1 | tee "$out/gpu_smoke.log"
+
+# 3. Paper B's base evaluation against its reference (skipped, saying so, where the model is not cached).
+timeout 400 "$PY" scripts/paper_b_reference_check.py --json "$out/paper_b_reference.json" 2>&1 \
+    | tee "$out/paper_b_reference.log"
 echo "gpu_checks: done $(date -u)"

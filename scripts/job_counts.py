@@ -53,14 +53,14 @@ def row(config: str, target: str, counts: dict[str, int]) -> str:
     papers = sum(v for r, v in counts.items() if r.startswith(("table_", "figure_")))
     return (f"| `{config}` | `{target}` | {sum(counts.values())} | {n('train_run')} | {n('es_snapshot')} | "
             f"{n('eval_run')} + {n('eval_base')} | {n(*ANALYSES)} | {n('heldout_base', 'heldout_run')} | "
-            f"{n('prepare_task')} | {n('build_default_model', 'convert_gguf_model')} | {papers} |")
+            f"{n('prepare_task')} | {n('build_default_model', 'convert_gguf_model', 'pin_model')} | {papers} |")
 
 
 def table(workdir: Path | None = None) -> str:
     """The Markdown block, markers included."""
     lines = [BEGIN, "",
              "| config | target | jobs | training runs | ES snapshots | evaluations (runs + base) | analyses "
-             "| held-out benchmarks | data sets | base models built | tables, figures |",
+             "| held-out benchmarks | data sets | base models built or pinned | tables, figures |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     with tempfile.TemporaryDirectory() as tmp:
         for config, target in ROWS:

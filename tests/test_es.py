@@ -7,6 +7,7 @@ objective, not a stand-in for ES logic), so the tests see exactly what ES does t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -379,6 +380,46 @@ def test_prompt_batches_fixed_or_resampled_from_seed_and_iteration():
     assert a == prompt_batch(ROWS, drawn, 0) and a != b
     assert len({r["id"] for r in a}) == 4
     assert len(prompt_batch(ROWS, ESConfig(prompts_per_iteration=50), 0)) == len(ROWS)
+
+
+def _paper_b_schedule(n_train: int, batch_size: int, epochs: int, seed: int) -> list[list[int]]:
+    """Paper B's schedule as its data.py `build_training_schedule` (240d878) reads: one generator, one
+    shuffle of arange(n_train) per epoch, each epoch cut into batches, the last one shorter."""
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(epochs):
+        order = np.arange(n_train)
+        rng.shuffle(order)
+        batches += [order[i:i + batch_size].tolist() for i in range(0, n_train, batch_size)]
+    return batches
+
+
+def test_paper_b_s_epochs_show_every_question_once_per_epoch_and_equal_its_batches():
+    """GSM8K's 7,473 training questions, 64 per step, seed 42 (configs/paper_b.yaml): 117 steps per
+    epoch, the last one 49 questions; 234 steps see every question exactly twice, once per epoch."""
+    rows = [{"id": i} for i in range(7473)]
+    cfg = ESConfig(prompts_per_iteration=64, prompt_schedule="epochs", prompt_seed=42, seed=0, iterations=234)
+    ours = [[r["id"] for r in prompt_batch(rows, cfg, t)] for t in range(234)]
+    assert ours == _paper_b_schedule(7473, 64, 2, 42)
+    for epoch in (ours[:117], ours[117:]):
+        assert [len(b) for b in epoch] == [64] * 116 + [49]
+        assert sorted(i for b in epoch for i in b) == list(range(7473))
+    assert ours[:117] != ours[117:]  # a fresh permutation per epoch
+    # the run seed draws it when prompt_seed is None; a third epoch goes on with the same stream
+    assert prompt_batch(rows, dataclasses.replace(cfg, prompt_seed=None, seed=42), 5) == prompt_batch(rows, cfg, 5)
+    assert [r["id"] for r in prompt_batch(rows, cfg, 234)] == _paper_b_schedule(7473, 64, 3, 42)[234]
+
+
+def test_the_prompt_schedule_is_checked_and_keeps_the_fingerprints_of_resampling_runs():
+    with pytest.raises(ValueError, match="prompt_schedule"):
+        ESConfig(prompt_schedule="shuffle")
+    with pytest.raises(ValueError, match="prompt_schedule.*resample_prompts"):
+        ESConfig(prompt_schedule="epochs", resample_prompts=False)
+    with pytest.raises(ValueError, match="prompt_seed"):
+        ESConfig(prompt_schedule="epochs", prompt_seed=-1)
+    assert "prompt_schedule" not in ESConfig().trajectory_settings()  # runs before the setting resume
+    epochs = ESConfig(prompt_schedule="epochs", prompt_seed=42).trajectory_settings()
+    assert (epochs["prompt_schedule"], epochs["prompt_seed"]) == ("epochs", 42)
 
 
 # --------------------------------------------------------------------------- population and update

@@ -565,7 +565,8 @@ def test_paper_a_prompts_reach_the_rows(tmp_path, countdown_source):
 
 def test_paper_b_gsm8k_prompt_is_the_default_written_out(tmp_path):
     source = write_jsonl(tmp_path / "gsm8k.jsonl", gsm8k_records(6))
-    opts = paper_options("paper_b", "gsm8k")
+    # the config's pinned files are paper B's Parquet files, not this local stand-in (tests/test_pins.py)
+    opts = {k: v for k, v in paper_options("paper_b", "gsm8k").items() if k != "files"}
     rows = read_jsonl(prepare(tmp_path, "gsm8k", source, ["train", "test"], opts)["test"])
     for row, rec in zip(rows, gsm8k_records(6), strict=True):
         assert_prompt(row, BOXED_SYSTEM_PROMPT, rec["question"])
@@ -583,3 +584,45 @@ def test_a_prompt_replaces_only_what_it_names(tmp_path):
     assert templated[2]["prompt"][1]["content"] == "Solve: What is 2 + 2? {ok}"
     with pytest.raises(ValueError, match=r"prompt\.template: unknown fields \['problem'\]"):
         hub.load_deepscaler("train", None, 0, source=source, prompt={"template": "{problem}"})
+
+
+# ---------------------------------------------------------------------------------------------- hard-setting benchmarks
+
+# Local files in each Hub dataset's own schema (extra columns as the Hub rows carry them).
+BENCHMARK_RECORDS = {
+    "aime24": [{"id": 60 + i, "problem": f"AIME problem {i}?", "solution": "...", "answer": str(100 + i),
+                "url": "https://artofproblemsolving.com", "year": "2024"} for i in range(4)],
+    "amc23": [{"id": i, "question": f"AMC problem {i}?", "answer": float(i) + (0.5 if i == 3 else 0.0),
+               "url": "https://artofproblemsolving.com"} for i in range(4)],
+    "minerva": [{"question": f"Minerva problem {i}?", "answer": f"{i} \\times 10^{{3}}"} for i in range(4)],
+    "olympiadbench": [{"id": i, "question": f"Olympiad problem {i}?", "solution": ["..."],
+                       "final_answer": [f"$\\frac{{{i}}}{{2}}$"], "unit": None} for i in range(4)],
+}
+BENCHMARK_GOLDS = {"aime24": ["100", "101", "102", "103"], "amc23": ["0", "1", "2", "3.5"],
+                   "minerva": [f"{i} \\times 10^{{3}}" for i in range(4)],
+                   "olympiadbench": [f"\\frac{{{i}}}{{2}}" for i in range(4)]}
+
+
+@pytest.mark.parametrize("name", sorted(hub.BENCHMARKS))
+def test_a_hard_setting_benchmark_reads_its_hub_schema(tmp_path, name):
+    source = write_jsonl(tmp_path / f"{name}.jsonl", BENCHMARK_RECORDS[name])
+    rows = TASKS[name].loader("test", None, 0, source=source)
+    assert [r["answer"] for r in rows] == BENCHMARK_GOLDS[name]
+    assert [r["id"] for r in rows] == [f"{name}-test-{i:05d}" for i in range(4)]
+    field = hub.BENCHMARKS[name].question
+    assert_prompt(rows[2], BOXED_SYSTEM_PROMPT, BENCHMARK_RECORDS[name][2][field])
+    assert TASKS[name].verifier == "math" and TASKS[name].splits == ("test",)
+    assert [r["id"] for r in TASKS[name].loader("test", 2, 0, source=source)] == \
+        [r["id"] for r in TASKS[name].loader("test", 2, 0, source=source)]  # a seeded subset, stable
+    with pytest.raises(ValueError, match="evaluation benchmark"):
+        TASKS[name].loader("train", None, 0, source=source)
+    answer = hub.BENCHMARKS[name].answer
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{k: v for k, v in BENCHMARK_RECORDS[name][0].items() if k != answer}])
+    with pytest.raises(hub.DatasetFormatError, match=rf"bad\.jsonl: row 0 \(line 1\) lacks field\(s\) \['{answer}'\]"):
+        TASKS[name].loader("test", None, 0, source=bad)
+
+
+def test_paper_b_evaluates_the_hard_setting_on_every_benchmark():
+    config = yaml.safe_load((REPO / "configs" / "paper_b.yaml").read_text())
+    assert config["models"]["r1_distill_1_5b"]["eval_tasks"] == ["math", "aime24", "amc23", "minerva", "olympiadbench"]
+    assert all(config["tasks"][t] == {"test_size": None} for t in ("aime24", "amc23", "minerva", "olympiadbench"))

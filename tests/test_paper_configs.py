@@ -33,7 +33,7 @@ PAPER_B_EASY = {"qwen2_5_1_5b": "Qwen/Qwen2.5-1.5B-Instruct", "qwen2_5_3b": "Qwe
 PAPER_B_HARD = {"r1_distill_1_5b": "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"}
 # The hard model trains on DeepScaleR (train split only) and is judged on MATH-500 (eval_tasks).
 PAPER_B_HARD_TRAIN_TASKS = ["deepscaler"]
-PAPER_B_HARD_EVAL_TASKS = ["math"]
+PAPER_B_HARD_EVAL_TASKS = ["math", "aime24", "amc23", "minerva", "olympiadbench"]  # MATH-500 and the other benchmarks
 
 
 def expected_jobs(name: str) -> dict[str, int]:
@@ -50,7 +50,9 @@ def expected_jobs(name: str) -> dict[str, int]:
         easy = len(PAPER_B_EASY) * (1 + 3 + 2 + 1 + 1)  # ES N=32; N in {8,16,64}; rank, none; antithetic; GRPO
         hard = len(PAPER_B_HARD_TRAIN_TASKS) * 2 + 2    # ES and GRPO per task; ES->GRPO, GRPO->ES on DeepScaleR
         runs = easy + hard
-        return {"prepare_task": 3, "eval_base": 5, "train_run": runs, "eval_run": runs, "table_base_passk": 1}
+        snapshots = len(PAPER_B_EASY) + len(PAPER_B_HARD_TRAIN_TASKS)  # each main ES run after one epoch (117 it)
+        return {"prepare_task": 2 + len(PAPER_B_HARD_EVAL_TASKS), "eval_base": 5, "train_run": runs, "es_snapshot": snapshots,
+                "eval_run": runs + snapshots, "pin_model": 1, "table_base_passk": 1}  # pinned: Qwen2.5-1.5B
     if name == "smollm2":
         runs = 3 * 3   # seeds 0, 1, 2 x {ES N=8 full-rank, ES N=8 rank 4, GRPO G=4}
         return {"convert_gguf_model": 1, "prepare_task": 1, "eval_base": 1, "train_run": runs, "eval_run": runs,
@@ -100,6 +102,8 @@ def test_paper_b_settings_are_the_papers():
     assert (s["sigma"], s["alpha"], s["prompts_per_iteration"]) == (1.5e-3, 2.5e-4, 64)
     assert s["iterations"] == 2 * -(-7473 // 64) == 234  # 2 epochs of GSM8K
     assert s["fitness_temperature"] == 0.0 and s["max_new_tokens"] == 2048 and s["reward_scheme"] == "boxed_partial"
+    # its code's schedule (seed 42, epochs of a permutation) and checkpoints (steps 117 and 234)
+    assert (s["prompt_schedule"], s["prompt_seed"], es["snapshots"]) == ("epochs", 42, [117])
     ab = es["ablations"]
     assert ab["task"] == "gsm8k" and sorted(ab["population_sizes"] + es["population_sizes"]) == [8, 16, 32, 64]
     assert sorted(ab["normalization"]) == ["none", "rank"] and ab["antithetic"] is True
@@ -196,3 +200,20 @@ def test_dry_run_through_the_api(tmp_path):
         started = time.perf_counter()
         run_workflow(tmp_path / name, CONFIGS[name], dryrun=True)
         print(f"\n{name}: API dry run {time.perf_counter() - started:.1f} s")
+
+
+def test_paper_b_reference_check_compares_with_its_tolerance(tmp_path):
+    """scripts/paper_b_reference_check.py: 988/1319 and 0.7027 pass, one question or 0.006 off mean@32 more
+    than the 0.005 tolerance fails; a machine without the pinned model says so and exits 0."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location("paper_b_reference_check", REPO / "scripts" / "paper_b_reference_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    assert [ok for _, ok in check.verdicts(988, 1319, 0.7027)] == [True, True]
+    assert [ok for _, ok in check.verdicts(988 - 7, 1319, 0.7027 + 0.006)] == [False, False]  # 7/1319 = 0.0053
+    assert [ok for _, ok in check.verdicts(966, 1319, 0.7320, method="ES")] == [True, True]
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "paper_b_reference_check.py")], capture_output=True,
+                         text=True, env={**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0 and "skipped" in out.stdout and "989aa7980e4c" in out.stdout

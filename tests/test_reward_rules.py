@@ -27,13 +27,14 @@ from esgrpo.evaluation.evaluate import EvalSettings  # noqa: E402
 from esgrpo.grpo.settings import GRPOSettings  # noqa: E402
 from esgrpo.runs import run_spec  # noqa: E402
 from esgrpo.tasks import math_verify_runner as runner  # noqa: E402
-from esgrpo.tasks import rewards  # noqa: E402
-from esgrpo.tasks.rewards import RULES, grade_math, grade_math_boxed, reward, verifier_for  # noqa: E402
+from esgrpo.tasks import paper_b_rewards, rewards  # noqa: E402
+from esgrpo.tasks.rewards import RULES, grade_math, reward, verifier_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "tests" / "data" / "rewards"
 DOC = REPO / "docs" / "rewards.md"
 PAPER_A_COMMIT = "43eed8c33ae8826dd0128eaa5e75bde6c9be639d"
+PAPER_B_COMMIT = "240d87852c3d51bcf5e6c909e7ee78bae5286fe7"
 
 # Every way the default rules' verdict may differ from paper A's on the corpus: id (as docs/rewards.md
 # names it) -> (task, (ours, paper A's), the surface forms it covers: a regex over the case's `form`
@@ -67,13 +68,13 @@ def patient_math_verify():
     """math-verify's time limits are wall-clock (SIGALRM, 2 s): on a busy machine a first parse that
     imports parts of sympy can pass them and read as "wrong". The rules, not the machine's load, are
     under test here: give it 60 s, and forget verdicts other tests took under the usual limits."""
-    saved = runner._MV_PARSE_TIMEOUT, runner._MV_VERIFY_TIMEOUT
-    runner._MV_PARSE_TIMEOUT = runner._MV_VERIFY_TIMEOUT = 60
-    for cache in (rewards.grade_math, rewards.grade_math_boxed):
+    saved = runner._MV_PARSE_TIMEOUT, runner._MV_VERIFY_TIMEOUT, runner._MV_PAPER_B_TIMEOUT
+    runner._MV_PARSE_TIMEOUT = runner._MV_VERIFY_TIMEOUT = runner._MV_PAPER_B_TIMEOUT = 60
+    for cache in (rewards.grade_math, paper_b_rewards.grade_eval):
         cache.cache_clear()
     yield
-    runner._MV_PARSE_TIMEOUT, runner._MV_VERIFY_TIMEOUT = saved
-    for cache in (rewards.grade_math, rewards.grade_math_boxed):
+    runner._MV_PARSE_TIMEOUT, runner._MV_VERIFY_TIMEOUT, runner._MV_PAPER_B_TIMEOUT = saved
+    for cache in (rewards.grade_math, paper_b_rewards.grade_eval):
         cache.cache_clear()
 
 
@@ -128,24 +129,28 @@ def _departure_of(case: dict, ours: float, theirs: float) -> str | None:
     return None
 
 
+def assert_documented(differences: list[tuple[str | None, tuple]], departures: dict) -> Counter:
+    """Every difference (departure name or None, what differed) is a documented departure; every
+    departure still shows on some case and is named in docs/rewards.md. The count per departure."""
+    seen = Counter(name for name, _ in differences)
+    assert [what for name, what in differences if name is None] == []
+    assert set(seen) == set(departures), f"departures no case shows any more: {set(departures) - set(seen)}"
+    doc = DOC.read_text(encoding="utf-8")
+    assert [name for name in departures if f"`{name}`" not in doc] == []
+    return seen
+
+
 def test_every_difference_of_the_default_rules_is_a_documented_departure(corpus, paper_a):
-    seen: Counter = Counter()
-    unexplained = []
+    differences = []
     for case in corpus:
         ours, theirs = grade(case, "esgrpo"), paper_a["verdicts"][case["id"]]
-        if ours == theirs:
-            continue
-        name = _departure_of(case, ours, theirs)
-        if name is None:
-            unexplained.append((case["id"], case["form"], ours, theirs, case["completion"][-60:]))
-        seen[name] += 1
-    differing = Counter(c["task"] for c in corpus if grade(c, "esgrpo") != paper_a["verdicts"][c["id"]])
-    print(f"\ndefault rules differ from paper A's on {sum(differing.values())} of {len(corpus)} cases "
+        if ours != theirs:
+            differences.append((_departure_of(case, ours, theirs),
+                                (case["id"], case["form"], ours, theirs, case["completion"][-60:])))
+    differing = Counter(what[0].split("-")[0] for _, what in differences)
+    seen = assert_documented(differences, DEPARTURES)
+    print(f"\ndefault rules differ from paper A's on {len(differences)} of {len(corpus)} cases "
           f"{dict(differing)}, all in {len(seen)} documented departures: {dict(seen)}")
-    assert unexplained == []
-    assert set(seen) == set(DEPARTURES), f"departures no case shows any more: {set(DEPARTURES) - set(seen)}"
-    doc = DOC.read_text(encoding="utf-8")
-    assert [name for name in DEPARTURES if f"`{name}`" not in doc] == []
 
 
 # --------------------------------------------------------------------------- the default rules' fixes
@@ -196,21 +201,136 @@ def test_the_fixes_leave_plain_numbers_and_the_fast_path_alone():
     assert not grade_math("\\boxed{12}", "1_2")  # not a base (digit 2 in base 2): math-verify decides
 
 
-# --------------------------------------------------------------------------- paper B's rule
+# --------------------------------------------------------------------------- paper B's code
+
+# Every way the default rules' verdict may differ from paper B's code on its corpus: id (as docs/rewards.md
+# names it) -> (grader: "eval" its is_gsm8k_correct, "train" its score_training_response; the allowed
+# (ours, paper B's) pairs; the surface forms (regex over `form`, _leadN dropped); whose golds: "symbolic"
+# (not a plain decimal number), "numeric" or "any"). A difference outside them fails the test.
+DEPARTURES_B: dict[str, tuple[str, set[tuple[float, float]], str, str]] = {
+    "b.eval.symbolic_gold": ("eval", {(1.0, 0.0), (0.0, 1.0)}, r".*", "symbolic"),
+    "b.eval.two_boxes": ("eval", {(1.0, 0.0)},
+                         r"box_other_then_this_right|box_this_then_other_wrong|box_repeated_wrong_then_right", "numeric"),
+    "b.eval.box_space": ("eval", {(1.0, 0.0)}, r"box_space_before_brace_right", "numeric"),
+    "b.eval.text_wrapper": ("eval", {(1.0, 0.0)}, r"box_text_right|box_textbf_right|box_text_wrapped", "numeric"),
+    "b.eval.trailing_dot": ("eval", {(1.0, 0.0)}, r"box_trailing_dot_right|eq_trailing_period", "numeric"),
+    "b.eval.text_after_answer": ("eval", {(1.0, 0.0)}, r"hashes_then_text_other_right", "numeric"),
+    "b.eval.bold": ("eval", {(1.0, 0.0)}, r"tail_bold_right", "numeric"),
+    "b.eval.digit_groups": ("eval", {(1.0, 0.0)}, r"eq_space_digits|eq_thousands_thin_space", "numeric"),
+    "b.eval.degree_marks": ("eval", {(1.0, 0.0)}, r"eq_circ_no_caret|eq_circ_no_caret_spaced|eq_degree_sign", "numeric"),
+    "b.eval.short_fraction": ("eval", {(1.0, 0.0)}, r"eq_frac_short", "numeric"),
+    "b.eval.escaped_dollar": ("eval", {(1.0, 0.0)}, r"eq_dollar_sign_no_box", "numeric"),
+    "b.train.equal_value": ("train", {(1.0, 0.1)}, r".*", "any"),
+    "b.train.percent": ("train", {(0.1, 1.0)}, r"box_percent_right", "any"),
+    "b.train.unclosed_last_box": ("train", {(1.0, 0.0), (0.1, 0.0)}, r"box_then_unclosed.*", "any"),
+}
 
 
-def test_paper_b_counts_a_boxed_answer_by_math_verify_alone():
-    assert grade_math_boxed("so \\boxed{\\frac{1}{2}}", "0.5")
-    assert not grade_math_boxed("The answer is 72.", "72")             # no box: never correct
-    assert grade_math("The answer is 72.", "72")                        # the default reads it
-    assert not grade_math_boxed("\\boxed{1\\,000}", "1000")           # math-verify alone, no pre-check
-    assert grade_math("\\boxed{1\\,000}", "1000")
-    assert grade_math_boxed("\\boxed{1011}", "1011_2")                # and its misreadings
-    values = [reward("math", text, "72", scheme="boxed_partial", rules="paper_b")
-              for text in ("\\boxed{72}", "\\boxed{73}", "72")]
-    assert values == [1.0, 0.1, 0.0]
-    # other kinds keep the project's graders (paper B grades maths only)
+@pytest.fixture(scope="module")
+def corpus_b() -> list[dict]:
+    """Paper B's corpus: the GSM8K cases and the maths cases of the paper A corpus (the hard setting)."""
+    cases = [json.loads(line) for name in ("corpus_gsm8k.jsonl", "corpus.jsonl")
+             for line in (DATA / name).read_text(encoding="utf-8").splitlines()]
+    return [c for c in cases if c["verifier"] == "math"]
+
+
+@pytest.fixture(scope="module")
+def paper_b() -> dict:
+    return json.loads((DATA / "paper_b_verdicts.json").read_text(encoding="utf-8"))
+
+
+def grade_b(case: dict, grader: str, rules: str) -> float:
+    """The training reward (boxed_partial, paper B's 1 / 0.1 / 0) or the evaluation verdict under `rules`."""
+    if grader == "train":
+        return reward("math", case["completion"], case["answer"], case["meta"], "boxed_partial", rules=rules)
+    return float(verifier_for("math", rules)(case["completion"], case["answer"], case["meta"]))
+
+
+def _verdict_b(paper_b: dict, case: dict, grader: str) -> float:
+    return float(paper_b["verdicts"][case["id"]][grader])
+
+
+def test_the_verdicts_are_paper_b_s_on_its_corpus(corpus_b, paper_b):
+    """Same corpus bytes, the commit configs/paper_b.yaml cites, both verdicts per case, >= 300 cases per
+    grader; corpus_gsm8k.jsonl is what make_corpus_gsm8k.py writes."""
+    for name in ("corpus_gsm8k.jsonl", "corpus.jsonl"):
+        digest = hashlib.sha256((DATA / name).read_bytes()).hexdigest()
+        assert paper_b["corpus_sha256"][name] == digest, "re-run paper_b_verdicts.py (README)"
+    assert paper_b["commit"] == PAPER_B_COMMIT and PAPER_B_COMMIT in (REPO / "configs" / "paper_b.yaml").read_text()
+    assert PAPER_B_COMMIT in paper_b["command"] and "paper_b_verdicts.py" in paper_b["command"]
+    assert paper_b["packages"]["math-verify"] == "0.9.0"  # paper B's pin (its pyproject.toml), and ours
+    assert set(paper_b["verdicts"]) == {c["id"] for c in corpus_b}
+    assert all(set(v) == {"train", "eval"} for v in paper_b["verdicts"].values())
+    assert Counter(c["task"] for c in corpus_b)["gsm8k"] >= 300
+    sys.path.insert(0, str(DATA))
+    try:
+        import make_corpus_gsm8k
+    finally:
+        sys.path.remove(str(DATA))
+    rebuilt = "".join(json.dumps(c, ensure_ascii=False, sort_keys=True) + "\n" for c in make_corpus_gsm8k.cases())
+    assert rebuilt.encode("utf-8") == (DATA / "corpus_gsm8k.jsonl").read_bytes()
+
+
+def test_paper_b_rules_equal_paper_b_s_code_on_every_case(corpus_b, paper_b):
+    """Under `paper_b`, training rewards are score_training_response's and evaluation verdicts
+    is_gsm8k_correct's on every case."""
+    wrong, classes = [], Counter()
+    for case in corpus_b:
+        for grader in ("train", "eval"):
+            ours, theirs = grade_b(case, grader, "paper_b"), _verdict_b(paper_b, case, grader)
+            classes[(grader, case["task"], theirs)] += 1
+            if ours != theirs:
+                wrong.append((case["id"], grader, case["form"], ours, theirs))
+    print(f"\npaper_b rules = paper B's code on {len(corpus_b)} cases x 2 graders, "
+          f"{len(wrong)} disagreements; (grader, task, paper B's value): cases {dict(sorted(classes.items()))}")
+    assert wrong == []
+
+
+def _departure_b(case: dict, grader: str, ours: float, theirs: float) -> str | None:
+    form = re.sub(r"_lead\d+$", "", case["form"])
+    symbolic = re.fullmatch(r"-?\d+(?:\.\d+)?", case["answer"]) is None
+    for name, (which, directions, forms, golds) in DEPARTURES_B.items():
+        if (which == grader and (ours, theirs) in directions and re.fullmatch(forms, form)
+                and golds in ("any", "symbolic" if symbolic else "numeric")):
+            return name
+    return None
+
+
+def test_every_difference_of_the_default_rules_from_paper_b_is_a_documented_departure(corpus_b, paper_b):
+    differences = []
+    for case in corpus_b:
+        for grader in ("train", "eval"):
+            ours, theirs = grade_b(case, grader, "esgrpo"), _verdict_b(paper_b, case, grader)
+            if ours != theirs:
+                differences.append((_departure_b(case, grader, ours, theirs),
+                                    (case["id"], grader, case["form"], ours, theirs, case["completion"][-50:])))
+    seen = assert_documented(differences, DEPARTURES_B)
+    print(f"\ndefault rules differ from paper B's code in {len(differences)} grades of {2 * len(corpus_b)}, "
+          f"all in {len(seen)} documented departures: {dict(seen)}")
+
+
+def test_paper_b_s_two_graders_reach_training_and_evaluation():
+    """Training (`reward`) gets score_training_response's 1 / 0.1 / 0, evaluation (`verifier_for`)
+    is_gsm8k_correct's verdict; other kinds keep the project's graders (paper B grades maths only)."""
+    texts = ["\\boxed{72}", "\\boxed{72.00}", "\\boxed{73}", "#### 72", "\\boxed{72} and \\boxed{7"]
+    assert [reward("math", t, "72", scheme="boxed_partial", rules="paper_b") for t in texts] == [1.0, 0.1, 0.1, 0.0, 0.0]
+    assert [verifier_for("math", "paper_b")(t, "72", {}) for t in texts] == [True, True, False, True, True]
+    assert reward("math", "\\boxed{72.00}", "72", scheme="boxed_partial") == 1.0  # the default: by value
     assert verifier_for("yesno", "paper_b") is verifier_for("yesno", "esgrpo")
+
+
+def test_paper_b_s_math_verify_step_gives_the_same_answer_outside_the_main_thread():
+    """Rollout pools grade in threads: the helper process answers paper B's step as the main thread
+    does, "nothing parsed" included (then the regular expressions decide)."""
+    import threading
+
+    texts = [("so \\boxed{16}", "16"), ("so \\boxed{17}", "16"), ("no number here", "16")]
+    here = [runner.paper_b_verdict(t, g) for t, g in texts]
+    there: list = []
+    thread = threading.Thread(target=lambda: there.extend(runner.paper_b_verdict(t, g) for t, g in texts))
+    thread.start()
+    thread.join()
+    assert here == there == [True, False, None]
 
 
 # --------------------------------------------------------------------------- the rules reach every job

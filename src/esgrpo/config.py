@@ -58,6 +58,17 @@ def _check_task_options(task: str, options: dict) -> None:
     if "selection" in options and options["selection"] not in spec.selections:
         allowed = list(spec.selections) or f"none ({task} has one way to choose its rows)"
         raise ConfigError(f"tasks.{task}.selection: {options['selection']!r} is not known; allowed: {allowed}")
+    files = options.get("files") or {}
+    unknown = sorted(set(files) - set(spec.splits))
+    if unknown:
+        raise ConfigError(f"tasks.{task}.files: {unknown} are not splits of {task}; allowed: {list(spec.splits)}")
+    if options.get("revision") and not files:
+        raise ConfigError(f"tasks.{task}.revision: pins the revision its files are read at; name them in "
+                          f"tasks.{task}.files")
+    unfetchable = sorted(s for s in files if not options.get("source") and s not in spec.hub_ids)
+    if unfetchable:
+        raise ConfigError(f"tasks.{task}.files: {task} has no Hub dataset to fetch the {unfetchable} files from; "
+                          f"set tasks.{task}.source to a local copy")
 
 
 _SCHEMA_TYPES = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
@@ -110,6 +121,9 @@ def _check_source(model: str, spec: dict) -> None:
 def _check_model(config: dict, model: str, spec: dict) -> None:
     """A model's tasks are configured, have the splits it uses, and some evaluation judges each."""
     _check_source(model, spec)
+    if spec.get("sha256") and not spec.get("revision") and not Path(str(spec["source"])).expanduser().is_dir():
+        raise ConfigError(f"models.{model}.sha256: a Hub model's files are pinned at a revision; "
+                          f"set models.{model}.revision")
     tasks = set(config["tasks"])
     for key in ("tasks", "eval_tasks"):
         unknown = [t for t in spec.get(key, []) if t not in tasks]

@@ -44,6 +44,7 @@ __all__ = [
     "member_weights",
     "normalize_fitness",
     "perturbed_population",
+    "epoch_batch",
     "prompt_batch",
     "rollout_seed",
     "select_trainable",
@@ -91,9 +92,27 @@ def js_rollout_seed(run_seed: int, iteration: int) -> int:
     return mix_seeds(run_seed, iteration, _STREAM_JS)
 
 
+def epoch_batch(n_rows: int, batch_size: int, seed: int, iteration: int) -> list[int]:
+    """Row indices of iteration `iteration` (0-based) under paper B's schedule (its data.py
+    `build_training_schedule`, 240d878): one `numpy.random.default_rng(seed)` shuffles `arange(n_rows)`
+    afresh for each epoch, in turn; an epoch is that permutation cut into batches of `batch_size`, the
+    last one shorter. Past the epochs paper B runs, the same stream goes on."""
+    per_epoch = math.ceil(n_rows / batch_size)
+    epoch, step = divmod(iteration, per_epoch)
+    rng = np.random.default_rng(seed)
+    for _ in range(epoch + 1):  # the permutations before this epoch's advance the stream
+        order = np.arange(n_rows)
+        rng.shuffle(order)
+    return [int(i) for i in order[step * batch_size:(step + 1) * batch_size]]
+
+
 def prompt_batch(rows: Sequence[dict], cfg: ESConfig, iteration: int) -> list[dict]:
-    """The prompts of one iteration: a fixed head of `rows`, or a fresh draw seeded by (seed, iteration)."""
+    """The prompts of one iteration: a fixed head of `rows`, a fresh draw seeded by (seed, iteration), or
+    paper B's epochs (`prompt_schedule: epochs`, epoch_batch)."""
     k = len(rows) if cfg.prompts_per_iteration is None else min(cfg.prompts_per_iteration, len(rows))
+    if cfg.prompt_schedule == "epochs":
+        seed = cfg.seed if cfg.prompt_seed is None else cfg.prompt_seed
+        return [rows[i] for i in epoch_batch(len(rows), k, seed, iteration)]
     if not cfg.resample_prompts:
         return list(rows[:k])
     chosen = _rng(cfg.seed, iteration, _STREAM_PROMPTS).choice(len(rows), size=k, replace=False)

@@ -17,6 +17,7 @@ __all__ = ["ESConfig", "LOWRANK_ON_VLLM", "NOISE_KINDS", "NORMALIZATIONS", "NORM
 
 NORMALIZATIONS = ("zscore", "rank", "none")
 NOISE_KINDS = ("full", "lowrank")  # esgrpo.noise.Noise.kind
+PROMPT_SCHEDULES = ("resample", "epochs")  # esgrpo.es.ops.prompt_batch
 # Elements of one tensor that the float64 norms of the update and of the distance from theta0 take at a
 # time (`esgrpo.es.ops.squared_norm`): a 4M-element chunk's float64 copy and square are 64 MiB, where a
 # whole Qwen3-4B embedding's (389M elements) were 5.8 GiB beside the engine. Here, not in `ops`, so that
@@ -59,6 +60,14 @@ class ESConfig(SettingsDataclass):
     resample_prompts: bool = field(default=True, metadata={
         "help": "Draw a fresh prompt batch per iteration, seeded by (seed, iteration); false: the same "
                 "first `prompts_per_iteration` rows every time."})
+    prompt_schedule: str = field(default="resample", metadata={
+        "help": f"How the iterations' prompts are chosen, one of {PROMPT_SCHEDULES}: 'resample' as "
+                "resample_prompts says; 'epochs' (paper B's code) passes over the training rows in epochs, "
+                "each a permutation from one numpy.random.default_rng(prompt_seed) shuffling "
+                "arange(rows) once per epoch, cut into batches of prompts_per_iteration, the last one "
+                "shorter: every row once per epoch."})
+    prompt_seed: int | None = field(default=None, metadata={
+        "help": "Seed of the 'epochs' schedule (paper B: 42, its training seed); None: the run seed."})
     normalization: str = field(default="zscore", metadata={
         "help": f"Fitness shaping into update weights, one of {NORMALIZATIONS}: z-score (population std), "
                 "centred ranks in [-0.5, 0.5], or the raw fitness."})
@@ -139,6 +148,8 @@ class ESConfig(SettingsDataclass):
         settings = super().trajectory_settings()
         if self.noise == "full":
             settings.pop("noise"), settings.pop("rank")
+        if self.prompt_schedule == "resample":  # as before the schedules existed (prompt_seed is moot)
+            settings.pop("prompt_schedule"), settings.pop("prompt_seed")
         return settings
 
     def __post_init__(self) -> None:
@@ -150,6 +161,12 @@ class ESConfig(SettingsDataclass):
         if self.prompts_per_iteration is not None:
             check.integer("prompts_per_iteration", 1)
         check.boolean("resample_prompts")
+        check.choice("prompt_schedule", PROMPT_SCHEDULES)
+        if self.prompt_seed is not None:
+            check.integer("prompt_seed", 0)
+        if self.prompt_schedule == "epochs" and (not self.resample_prompts or self.prompts_per_iteration is None):
+            raise check.error("prompt_schedule", "'epochs' needs resample_prompts: true and a prompts_per_iteration "
+                                                 "(its batch size)")
         check.boolean("antithetic")
         check.choice("noise", NOISE_KINDS)
         check.integer("rank", 1)

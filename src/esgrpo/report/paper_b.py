@@ -20,7 +20,13 @@ from esgrpo.report.frames import (
     sparsity_frame,
 )
 from esgrpo.report.loading import StageInputs
-from esgrpo.report.paper_values import PaperValue, paper_notes, paper_value, with_paper_rows
+from esgrpo.report.paper_values import (
+    BENCHMARK_AVERAGE,
+    PaperValue,
+    paper_notes,
+    paper_value,
+    with_paper_rows,
+)
 from esgrpo.report.planning import METHOD_ORDER, RATIO_ORDER
 from esgrpo.report.stats import (
     budget_rows,
@@ -58,7 +64,9 @@ ABLATION_CONTRASTS = (("zscore - none", "zscore", "none"), ("zscore - rank", "zs
 CAPTIONS = {
     "b_passk": ("Paper B: Pass@1 and Pass@k at the two largest evaluated k (paper: 16, 32) on each task's test "
                 "set, unbiased estimator per prompt, mean [95% CI] over seeds and prompts, for base, ES, GRPO, "
-                "ES->GRPO and GRPO->ES (sequential runs on the sequential task only). budget=iterations: final "
+                "ES->GRPO and GRPO->ES (sequential runs on the sequential task only); task = average: a model judged "
+                "on several benchmarks (paper B's hard setting), each weighing the same, per seed, 95% CI over "
+                "seeds. budget=iterations: final "
                 "checkpoints; train reward rows (metrics.jsonl): the mean over a window of logged steps (the last "
                 "10%, at least 3, at most half the run; each cell names its steps in brackets, the CSV's window column "
                 "lists them; 95% CI over seeds and the window's steps) ending at the final "
@@ -113,6 +121,31 @@ CAPTIONS = {
 }
 
 
+def benchmark_suites(setup: dict) -> dict[str, list[str]]:
+    """model -> the evaluation tasks whose mean paper B reports (its hard setting: a model trained on one
+    task and judged on several benchmarks, esgrpo.config.judged_on)."""
+    return {model: tasks for model, judged in setup.get("judged_on", {}).items()
+            for tasks in judged.values() if len(tasks) > 1}
+
+
+def _benchmark_average_rows(test: pd.DataFrame, setup: dict) -> list[dict]:
+    """Pass@k averaged over a model's benchmarks, each weighing the same (paper B's hard-setting number):
+    per seed the mean over benchmarks of their mean over prompts; 95% CI over seeds (one seed: none)."""
+    rows = []
+    for model, tasks in sorted(benchmark_suites(setup).items()):
+        mine = test[(test["model"] == model) & test["task"].isin(tasks)]
+        for method, g in mine.groupby("method", sort=True):
+            if set(g["task"]) != set(tasks):  # a benchmark without rows: no average
+                continue
+            for k in passk_display_ks(setup["ks"][model]):
+                per_seed = g.groupby(["seed", "task"])[f"pass@{k}"].mean().groupby("seed").mean()
+                rows.append(stat({"model": model, "task": BENCHMARK_AVERAGE, "variant": g["variant"].iloc[0]},
+                                 ci_values(per_seed), method=method, budget="iterations",
+                                 matched_at="final checkpoint", metric=f"pass@{k}", n_seeds=g["seed"].nunique(),
+                                 n_prompts=g["prompt"].nunique()))
+    return rows
+
+
 def build_b_passk(data: StageInputs) -> pd.DataFrame:
     rows = []
     test = data.on_task(SINGLE_AND_SEQUENTIAL)
@@ -122,6 +155,7 @@ def build_b_passk(data: StageInputs) -> pd.DataFrame:
                              ci_prompts(g, f"pass@{k}"), method=method, budget="iterations",
                              matched_at="final checkpoint", metric=f"pass@{k}", n_seeds=g["seed"].nunique(),
                              n_prompts=g["prompt"].nunique()))
+    rows += _benchmark_average_rows(test, data.setup)
     rows += budget_rows(data.metrics, main_variants(data.metrics), "fitness_mean", "train reward")
     long = order_rows(pd.DataFrame(rows), ["model", "task", "budget", "metric", "method"])
     return with_paper_rows(long, "metric", lambda row: _reported_passk(data.setup, row))

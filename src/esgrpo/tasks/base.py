@@ -7,8 +7,8 @@ ES, GRPO, evaluation and analyses never look at where a task came from.
 from __future__ import annotations
 
 import string
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 Row = dict[str, Any]  # {"id": str, "prompt": list[{"role","content"}], "answer": str, "meta": dict}
@@ -74,4 +74,5 @@ class TaskSpec:
     splits: tuple[str, ...] = ("train", "test")  # the splits the source has (DeepScaleR: train only)
     prompt_fields: tuple[str, ...] = ()  # the fields a `prompt.template` may use; () = no `prompt` option
     selections: tuple[str, ...] = ()  # values of the `selection` option (how train rows are chosen)
+    hub_ids: Mapping[str, str] = field(default_factory=dict)  # split -> Hub dataset (pinned files: esgrpo.pins)
 

@@ -25,6 +25,7 @@ import importlib.metadata
 import importlib.util
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -291,6 +292,63 @@ def load_math(split: str, size: int | None, seed: int, source: str | None = None
         rows.append(make_row(f"math-{split}-{idx:05d}", str(rec["problem"]), gold,
                              {k: v for k, v in meta.items() if v is not None}, system=system,
                              template=template, fields={"question": str(rec["problem"])}))
+    return rows
+
+
+# ----------------------------------------------------------------------------------------------
+# Paper B's hard-setting benchmarks (evaluation only), as DeepScaleR's evaluation suite names them:
+# AIME 2024, AMC 2023, MATH-500 (the `math` task's test split), Minerva Math, OlympiadBench. Each is read
+# from the Hub copy that recipes built on DeepScaleR's suite load (e.g. M2PO's examples/data_preprocess,
+# 4514ce2: math-ai/amc23, math-ai/minervamath, math-ai/olympiadbench), and AIME 2024 from
+# HuggingFaceH4/aime_2024 (the 30 problems of AIME I and II 2024, its only split "train").
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    hub_id: str
+    hub_split: str
+    question: str  # the field holding the problem
+    answer: str  # the field holding the gold (a list: its first item, as OlympiadBench's final_answer)
+    rows: int  # rows of the Hub split
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "aime24": Benchmark("HuggingFaceH4/aime_2024", "train", "problem", "answer", 30),
+    "amc23": Benchmark("math-ai/amc23", "test", "question", "answer", 40),
+    "minerva": Benchmark("math-ai/minervamath", "test", "question", "answer", 272),
+    "olympiadbench": Benchmark("math-ai/olympiadbench", "test", "question", "final_answer", 675),
+}
+BENCHMARK_FIELDS = ("question",)
+
+
+def _benchmark_gold(value: Any) -> str:
+    """The gold as text: a list's first item, `$` dropped (OlympiadBench writes `$\\frac{1}{2}$`), an
+    integral float as an integer (27.0 -> 27)."""
+    if isinstance(value, list):
+        value = value[0] if value else ""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return str(value).replace("$", "").strip()
+
+
+def load_benchmark(name: str, split: str, size: int | None, seed: int, source: str | None = None,
+                   **options: Any) -> list[Row]:
+    """An evaluation-only maths benchmark of BENCHMARKS: its whole Hub split as the test split."""
+    bench = BENCHMARKS[name]
+    _check_split(name, split)
+    _check_size(size, name)
+    if split != "test":
+        raise ValueError(f"{name}: an evaluation benchmark (test split only); train on another task")
+    records, origin = load_records(bench.hub_id, None, bench.hub_split, source)
+    require(records, {bench.question: TEXT, bench.answer: ANSWER + LIST}, origin)
+    system, template = prompt_setting(options.get("prompt"), BOXED_SYSTEM_PROMPT, BENCHMARK_FIELDS)
+    rows = []
+    for idx in _take_sample(range(len(records)), size, None, seed):
+        question, gold = str(records[idx][bench.question]), _benchmark_gold(records[idx][bench.answer])
+        if not gold:
+            raise DatasetFormatError(f"{origin.row(idx)}: {bench.answer!r} holds no answer")
+        rows.append(make_row(f"{name}-test-{idx:05d}", question, gold, {"source_index": idx}, system=system,
+                             template=template, fields={"question": question}))
     return rows
 
 

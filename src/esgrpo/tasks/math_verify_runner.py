@@ -19,7 +19,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["math_verify", "parse_gold", "check_main_thread", "VerifyWorker"]
+__all__ = ["math_verify", "paper_b_verdict", "parse_gold", "check_main_thread", "check_paper_b_main_thread",
+           "VerifyWorker"]
 
 # math-verify's own (SIGALRM) limits in the main thread, in whole seconds as signal.alarm needs.
 _MV_PARSE_TIMEOUT = 2
@@ -27,6 +28,8 @@ _MV_VERIFY_TIMEOUT = 2
 # Hard limit for one check in the helper process (used outside the main thread).
 _WORKER_TIMEOUT_S = 8.0
 _WORKER_STARTUP_S = 30.0  # imports of sympy/math-verify on a busy 2-core machine take seconds
+# Paper B's evaluation calls parse and verify with math-verify's default limits (5 s each).
+_MV_PAPER_B_TIMEOUT = 5
 
 
 def _gold_text(gold: str) -> str:
@@ -63,6 +66,57 @@ def check_main_thread(pred_text: str, gold: str) -> bool:
     if not pred:
         return False
     return bool(verify(list(gold_parsed), pred, timeout_seconds=_MV_VERIFY_TIMEOUT))
+
+
+_PAPER_B_GOLDS: dict[str, tuple] = {}
+
+
+def _paper_b_gold(gold: str) -> tuple:
+    """The gold as paper B's evaluation parses it: a plain expression only (no LaTeX), first match;
+    remembered once the parse succeeds (see parse_gold)."""
+    parsed = _PAPER_B_GOLDS.get(gold)
+    if parsed is None:
+        from math_verify import ExprExtractionConfig, parse
+
+        parsed = tuple(parse(gold, extraction_config=(ExprExtractionConfig(),), extraction_mode="first_match",
+                             parsing_timeout=_MV_PAPER_B_TIMEOUT))
+        if parsed and len(_PAPER_B_GOLDS) < 1 << 16:
+            _PAPER_B_GOLDS[gold] = parsed
+    return parsed
+
+
+def check_paper_b_main_thread(response: str, gold: str) -> bool | None:
+    """Paper B's math-verify step (its `parse_gsm8k_prediction` and `is_gsm8k_correct`, 240d878): the
+    whole completion parsed with LaTeX extraction (boxed first, units, no `nits` or malformed-operator
+    fixes, no unanchored LaTeX) then plain expressions, the first match kept; verified against the gold.
+    None when the completion's parse is empty (paper B then reads it with regular expressions)."""
+    from math_verify import (
+        ExprExtractionConfig,
+        LatexExtractionConfig,
+        LatexNormalizationConfig,
+        parse,
+        verify,
+    )
+
+    normalization = LatexNormalizationConfig(nits=False, malformed_operators=False, basic_latex=True,
+                                             boxed="all", units=True)
+    extraction = (LatexExtractionConfig(normalization_config=normalization, boxed_match_priority=0,
+                                        try_extract_without_anchor=False), ExprExtractionConfig())
+    pred = parse(response, extraction_config=extraction, extraction_mode="first_match",
+                 parsing_timeout=_MV_PAPER_B_TIMEOUT)
+    if not pred:
+        return None
+    try:
+        gold_parsed = _paper_b_gold(gold)
+        return bool(gold_parsed and verify(list(gold_parsed), pred, timeout_seconds=_MV_PAPER_B_TIMEOUT))
+    except Exception:  # paper B counts any failure of the gold's parse or the comparison as wrong
+        return False
+
+
+# What a helper process answers for each kind of request, and what a helper that errs, dies or runs past
+# its limit counts as: "wrong" for the project's check, "nothing parsed" for paper B's (as a math-verify
+# time-out is an empty parse there).
+_CHECKS = {"default": (check_main_thread, False), "paper_b": (check_paper_b_main_thread, None)}
 
 
 class VerifyWorker:
@@ -123,33 +177,35 @@ class VerifyWorker:
         line, self._buffer = self._buffer.split(b"\n", 1)
         return line
 
-    def check(self, pred_text: str, gold: str, timeout_s: float) -> bool:
-        """True/False from the helper; False when it errs, dies or runs past `timeout_s`."""
+    def check(self, pred_text: str, gold: str, timeout_s: float, kind: str = "default") -> bool | None:
+        """The helper's answer to a check of `kind` (_CHECKS); that kind's failure value when the
+        helper errs, dies or runs past `timeout_s`."""
+        failed = _CHECKS[kind][1]
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 self._kill()
                 self._proc = self._start()
-            request = json.dumps({"pred": pred_text, "gold": gold}) + "\n"
+            request = json.dumps({"pred": pred_text, "gold": gold, "kind": kind}) + "\n"
             try:
                 assert self._proc.stdin is not None
                 self._proc.stdin.write(request.encode())
                 self._proc.stdin.flush()
             except (BrokenPipeError, OSError):
                 self._kill()
-                return False
+                return failed
             # The first request also pays the helper's start-up (imports of sympy/math-verify).
             limit = timeout_s if self._answered else timeout_s + _WORKER_STARTUP_S
             line = self._read_line(time.monotonic() + limit)
             if line is None:
                 self._kill()
-                return False
+                return failed
             try:
-                ok = bool(json.loads(line)["ok"])
+                ok = json.loads(line)["ok"]
             except (ValueError, KeyError):
                 self._kill()
-                return False
+                return failed
             self._answered = True
-            return ok
+            return ok if ok is None else bool(ok)
 
     def close(self) -> None:
         with self._lock:
@@ -174,17 +230,26 @@ def math_verify(pred_text: str, gold: str) -> bool:
     return _check_other_thread(pred_text, gold)
 
 
+def paper_b_verdict(response: str, gold: str) -> bool | None:
+    """check_paper_b_main_thread's answer, bounded in time in any thread."""
+    if threading.current_thread() is threading.main_thread():
+        return check_paper_b_main_thread(response, gold)
+    return _WORKER.check(response, gold, _WORKER_TIMEOUT_S + 2 * _MV_PAPER_B_TIMEOUT, kind="paper_b")
+
+
 def _serve() -> None:
     """Helper-process loop: one JSON request per stdin line, one JSON answer per stdout line."""
     out = sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but answers may reach the pipe
     for raw in sys.stdin.buffer:
+        check, failed = check_main_thread, False
         try:
             request = json.loads(raw)
-            ok = check_main_thread(request["pred"], request["gold"])
+            check, failed = _CHECKS[request.get("kind", "default")]
+            ok = check(request["pred"], request["gold"])
         except Exception:
-            ok = False
-        out.write((json.dumps({"ok": bool(ok)}) + "\n").encode())
+            ok = failed
+        out.write((json.dumps({"ok": ok if ok is None else bool(ok)}) + "\n").encode())
         out.flush()
 
 

@@ -6,20 +6,23 @@ a loader never imports the registry and the registry imports each source once.
 
 from __future__ import annotations
 
+import functools
+
 from esgrpo.tasks import hub, offline
 from esgrpo.tasks.base import TaskSpec
 
 # The papers' datasets, read from the Hugging Face Hub or a local copy (esgrpo.tasks.hub).
 HUB_TASKS: dict[str, TaskSpec] = {
     "gsm8k": TaskSpec("gsm8k", "math", hub.load_gsm8k, "GSM8K grade-school maths (paper B, easy setting)",
-                      prompt_fields=hub.GSM8K_FIELDS),
+                      prompt_fields=hub.GSM8K_FIELDS, hub_ids={"train": hub.GSM8K_ID, "test": hub.GSM8K_ID}),
     "deepscaler": TaskSpec("deepscaler", "math", hub.load_deepscaler,
                            "DeepScaleR-Preview maths, train only (paper B, hard)", splits=("train",),
-                           prompt_fields=hub.DEEPSCALER_FIELDS),
+                           prompt_fields=hub.DEEPSCALER_FIELDS, hub_ids={"train": hub.DEEPSCALER_ID}),
     "countdown": TaskSpec("countdown", "countdown", hub.load_countdown, "Countdown 3-4 numbers (paper A, Qiu et al.)",
                           prompt_fields=hub.COUNTDOWN_FIELDS),
     "math": TaskSpec("math", "math", hub.load_math, "MATH: 40/level train, MATH-500 test (paper A)",
-                     prompt_fields=hub.MATH_FIELDS, selections=hub.MATH_SELECTIONS),
+                     prompt_fields=hub.MATH_FIELDS, selections=hub.MATH_SELECTIONS,
+                     hub_ids={"train": hub.MATH_TRAIN_ID, "test": hub.MATH_TEST_ID}),
     "boolq": TaskSpec("boolq", "yesno", hub.load_boolq, "BoolQ yes/no reading comprehension (paper A)",
                       prompt_fields=hub.BOOLQ_FIELDS),
     "chemistry": TaskSpec("chemistry", "choice", hub.load_chemistry,
@@ -39,7 +42,15 @@ OFFLINE_TASKS: dict[str, TaskSpec] = {
                            "which of three short words comes first a-z or z-a (A-C)"),
 }
 
-TASKS: dict[str, TaskSpec] = {**HUB_TASKS, **OFFLINE_TASKS}
+# Paper B's hard-setting benchmarks beside MATH-500 (esgrpo.tasks.hub.BENCHMARKS), evaluation only.
+BENCHMARK_TASKS: dict[str, TaskSpec] = {
+    name: TaskSpec(name, "math", functools.partial(hub.load_benchmark, name),
+                   f"{bench.hub_id}: {bench.rows} maths problems, evaluation only (paper B, hard)", splits=("test",),
+                   prompt_fields=hub.BENCHMARK_FIELDS, hub_ids={"test": bench.hub_id})
+    for name, bench in hub.BENCHMARKS.items()
+}
+
+TASKS: dict[str, TaskSpec] = {**HUB_TASKS, **BENCHMARK_TASKS, **OFFLINE_TASKS}
 
 
 def get_task(name: str) -> TaskSpec:

@@ -1,6 +1,7 @@
 """The verifiers: pure functions that grade a COMPLETION (never prompt+completion), under one of three
 sets of rules (RULES, the config's `rewards.rules`; docs/rewards.md): the project's own ("esgrpo", the
-default), paper A's code ("paper_a", esgrpo.tasks.paper_a_rewards) or paper B's stated rule ("paper_b").
+default), paper A's code ("paper_a", esgrpo.tasks.paper_a_rewards) or paper B's code ("paper_b",
+esgrpo.tasks.paper_b_rewards: one grader for training rewards, another for evaluation verdicts).
 
 Grading the completion alone matters: a prompt that shows an example `\\boxed{}` or `<answer>` tag
 would otherwise earn format credit for text the model never wrote.
@@ -23,6 +24,7 @@ from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
 from esgrpo.tasks import paper_a_rewards as paper_a
+from esgrpo.tasks import paper_b_rewards as paper_b
 from esgrpo.tasks.math_verify_runner import math_verify
 
 __all__ = [
@@ -34,7 +36,6 @@ __all__ = [
     "grade_choice",
     "grade_countdown",
     "grade_math",
-    "grade_math_boxed",
     "grade_yesno",
     "has_box",
     "last_boxed",
@@ -263,18 +264,6 @@ def grade_math(completion: str, gold: str) -> bool:
     return pred_text is not None and math_verify(pred_text, gold)
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def grade_math_boxed(completion: str, gold: str) -> bool:
-    """Paper B's rule as its text states it: a correct BOXED answer, judged by math-verify alone
-    (the last box against the gold; no exact pre-check, no fix of math-verify's readings)."""
-    gold = str(gold).strip()
-    box = last_boxed(completion)
-    if not gold or box is None or len(box) > _MAX_BOX_CHARS:
-        return False
-    pred_text = "\\boxed{" + box + "}"
-    return not _pathological(pred_text) and math_verify(pred_text, gold)
-
-
 # ----------------------------------------------------------------------------------------------
 # Countdown
 
@@ -447,8 +436,10 @@ VERIFIERS: dict[str, Callable[[str, str, dict], bool]] = {
 }
 
 # Whose rules decide what is correct (the config's `rewards.rules`; docs/rewards.md): the project's
-# own, paper A's code (esgrpo.tasks.paper_a_rewards), or paper B's stated rule (maths: a correct boxed
-# answer by math-verify; paper B grades maths only, so its other kinds keep the project's graders).
+# own, paper A's code (esgrpo.tasks.paper_a_rewards), or paper B's code (esgrpo.tasks.paper_b_rewards;
+# maths only, so its other kinds keep the project's graders). Under paper B's rules evaluation and
+# training grade maths differently, as its code does: verifier_for gives the evaluation grader,
+# _TRAINING_RULES the training one.
 RULES = ("esgrpo", "paper_a", "paper_b")
 DEFAULT_RULES = "esgrpo"
 
@@ -460,8 +451,15 @@ _PAPER_RULES: dict[str, dict[str, Callable[[str, str, dict], bool]]] = {
         "yesno": lambda completion, answer, meta: paper_a.grade_yesno(completion, answer),
     },
     "paper_b": {
-        "math": lambda completion, answer, meta: grade_math_boxed(completion, answer),
+        "math": lambda completion, answer, meta: paper_b.grade_eval(completion, answer),
     },
+}
+
+# (grader, box reader) of training rewards where a paper's code grades training otherwise than
+# evaluation; the box reader decides what `boxed_partial` and `format_bonus` count as a box.
+_TRAINING_RULES: dict[tuple[str, str], tuple[Callable[[str, str, dict], bool], Callable[[str], bool]]] = {
+    ("paper_b", "math"): (lambda completion, answer, meta: paper_b.grade_training(completion, answer),
+                          lambda completion: paper_b.training_box(completion) is not None),
 }
 
 
@@ -487,16 +485,20 @@ SCHEMES = ("binary", "boxed_partial")
 
 def reward(verifier: str, completion: str, answer: str, meta: dict | None = None,
            scheme: str = "binary", format_bonus: float = 0.0, rules: str = DEFAULT_RULES) -> float:
-    """Scalar reward of one completion, graded under `rules` (RULES).
+    """Scalar training reward of one completion, graded under `rules` (RULES).
 
     scheme "binary": 1 if correct else 0. scheme "boxed_partial" (paper B): 1 for a correct
     boxed answer, 0.1 for a box with a wrong answer, 0 without a box. `format_bonus` is added
-    whenever the completion contains a `\\boxed{}`.
+    whenever the completion contains a `\\boxed{}`. Under paper B's rules a maths completion's
+    box and verdict are its training grader's (`boxed_partial` is then its `score_training_response`).
     """
     grade = verifier_for(verifier, rules)
     if scheme not in SCHEMES:
         raise ValueError(f"unknown reward scheme {scheme!r}; allowed: {list(SCHEMES)}")
-    boxed = has_box(completion)
+    boxed_reader = has_box
+    if (rules, verifier) in _TRAINING_RULES:
+        grade, boxed_reader = _TRAINING_RULES[(rules, verifier)]
+    boxed = boxed_reader(completion)
     if scheme == "boxed_partial" and not boxed:
         value = 0.0
     else:

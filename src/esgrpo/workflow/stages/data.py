@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from esgrpo.io import read_jsonl, write_json, write_jsonl
+from esgrpo.pins import pinned_split_file
 from esgrpo.provenance import provenance
 from esgrpo.tasks.registry import get_task
 
@@ -11,6 +12,7 @@ def prepare_task(input: dict, output: dict, params: dict, wildcards: dict, threa
     task = get_task(wildcards["task"])
     options = dict(params["options"])
     source = options.pop("source", None)
+    revision, files = options.pop("revision", None), options.pop("files", None) or {}
     seed = int(params["seed"])
     sizes = {"train": options.pop("train_size", None), "test": options.pop("test_size", None)}
     used = list(params.get("splits", task.splits))
@@ -18,7 +20,11 @@ def prepare_task(input: dict, output: dict, params: dict, wildcards: dict, threa
     for split in ("train", "test"):
         rows = []
         if split in used:
-            kwargs = {"source": source} if source else {}
+            split_source = source
+            if split in files:  # a pinned file, its checksum checked first (esgrpo.pins)
+                split_source = pinned_split_file(task.name, split, files[split], source, task.hub_ids.get(split),
+                                                 revision)
+            kwargs = {"source": split_source} if split_source else {}
             rows = task.loader(split, sizes[split], seed, **kwargs, **options)
             if not rows:
                 raise ValueError(f"task {task.name!r} gave no {split} rows (options {params['options']})")

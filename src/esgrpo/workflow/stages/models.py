@@ -114,3 +114,17 @@ def convert_gguf_model(input: dict, output: dict, params: dict, wildcards: dict,
         "eos_token": tokenizer.eos_token, "chat_template": tokenizer.chat_template is not None,
         "seconds": time.time() - started, "provenance": provenance(params, 0),
     })
+
+
+def pin_model(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
+    """Stage: a Hub model at its pinned revision (fetched once into huggingface_hub's cache, where every
+    job then reads it), each pinned file's SHA-256 checked (esgrpo.pins); pin.json records what was found."""
+    from esgrpo.pins import pinned_model_folder, sha256_of
+
+    pins = dict(params["sha256"] or {})
+    folder = pinned_model_folder(wildcards["model"], str(params["source"]), params["revision"], pins)
+    write_json(Path(output["pin"]), {
+        "source": str(params["source"]), "revision": params["revision"], "folder": str(folder),
+        "sha256": {name: sha256_of(folder / name) for name in sorted(pins)},
+        "provenance": provenance(params, 0),
+    })
