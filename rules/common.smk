@@ -315,7 +315,8 @@ ALL_ANALYSIS_TARGETS = [path for model in MODELS for path in analysis_targets(mo
 # plan, and its trainers and engines the plan's settings. A CPU-only config (the embedded default)
 # keeps the rules' own resources and settings; `snakemake plan` still writes its plan.
 
-PLANNER = Planner(config, PlanSettings.from_config(config), analysis_targets=ALL_ANALYSIS_TARGETS)
+PLANNER = Planner(config, PlanSettings.from_config(config, **slurm.site_gpu_type(config, os.environ)),
+                  analysis_targets=ALL_ANALYSIS_TARGETS)
 PLAN_SIZES_JOBS = PLANNER.sizes_jobs
 if PLAN_SIZES_JOBS:
     PLANNER.check()
@@ -564,16 +565,26 @@ def stop_job_server():
         JOB_SERVERS.pop().stop()
 
 
-# --- SLURM -------------------------------------------------------------------------------------
-# profiles/slurm reads its partitions from the environment (ESGRPO_SLURM_PARTITION, ..._GPU_PARTITION);
-# unset, they are the local cluster's names. Set here, at parse time: Snakemake expands the profile's
-# $VARS when it evaluates each job's resources, and the jobs inherit them (sbatch --export=ALL).
-for _name, _default in slurm.PARTITION_DEFAULTS.items():
+# --- SLURM ----------------------------------------------------------------------------------------
+# profiles/slurm reads its site settings from the environment: the partitions (ESGRPO_SLURM_PARTITION,
+# ..._GPU_PARTITION; unset, the local cluster's names) and the account (ESGRPO_SLURM_ACCOUNT; unset, an
+# empty one: jobs go without -A). Set here, at parse time: Snakemake expands the profile's $VARS when it
+# evaluates each job's resources (dry runs included), and the jobs inherit them (sbatch --export=ALL).
+for _name, _default in {**slurm.PARTITION_DEFAULTS, slurm.ACCOUNT_ENV: ""}.items():
     os.environ.setdefault(_name, _default)
+# The profile is known at parse time by its default resources; the executor only when jobs start.
+SLURM_PROFILE = any(str(arg).startswith("slurm_") for arg in getattr(workflow.resource_settings.default_resources,
+                                                                     "args", None) or [])
+if SLURM_PROFILE:
+    logger.info(slurm.site_summary(os.environ, PLANNER.settings.gpu_type if PLAN_SIZES_JOBS else None))
 
 
 def check_slurm_driver():
-    """onstart of a SLURM driver: an account set, and no job of an earlier driver left in this working
-    directory (esgrpo.workflow.slurm.check_driver; docs/cluster.md, "When the driver dies")."""
+    """onstart of a SLURM driver: a job without an account is taken where none is set, no job of a driver
+    that no longer runs is left in this working directory, and this driver recorded as alive so that a
+    driver of another grid leaves its jobs alone (esgrpo.workflow.slurm; docs/cluster.md, "When the
+    driver dies")."""
     if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
         slurm.check_driver(os.getcwd())
+        # The plugin names every job after this run ID (snakemake-executor-plugin-slurm 2.8.0, run_uuid).
+        slurm.register_driver(os.getcwd(), workflow.scheduler._executor.run_uuid, RESULTS)

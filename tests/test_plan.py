@@ -91,6 +91,20 @@ def test_architecture_for_each_kind_of_source(tmp_path):
         architecture_for(unknown, "mystery", tmp_path)
 
 
+def test_a_relative_source_that_is_neither_folder_nor_cached_names_both_readings(tmp_path, monkeypatch):
+    """`models/smollm2` reads as a folder under the working directory and as a Hub id: the line names both."""
+    monkeypatch.chdir(tmp_path)
+    config = {"models": {"smol": {"source": "models/smollm2", "tasks": ["gsm8k"]}}}
+    with pytest.raises(PlanError) as err:
+        architecture_for(config, "smol", tmp_path)
+    message = str(err.value)
+    assert f"as a folder, {tmp_path / 'models' / 'smollm2'} does not exist" in message, message
+    assert "as a Hub id, it is not in the Hugging Face cache" in message and "hf download models/smollm2" in message
+    (tmp_path / "models" / "smollm2").mkdir(parents=True)
+    with pytest.raises(PlanError, match=f"as a folder, {tmp_path / 'models' / 'smollm2'} has no config.json"):
+        architecture_for(config, "smol", tmp_path)
+
+
 # --------------------------------------------------------------------------- runtime anchor
 
 
