@@ -13,7 +13,7 @@ from esgrpo.analysis.settings import analysis_config, analysis_eval_settings, ma
 from esgrpo.evaluation import heldout
 from esgrpo.config import check_config, judged_on, model_eval_tasks, model_warmup_tasks, software_env, task_splits
 from esgrpo.grids import check_grid_folder, config_source, write_grid_record
-from esgrpo.plan import Planner, PlanSettings, plan_row, total_gpu_hours
+from esgrpo.plan import Planner, PlanSettings, cost_row, plan_row, total_gpu_hours
 from esgrpo.report import planning as paper_planning
 from esgrpo.runs import (
     RUN_PATTERN,
@@ -324,9 +324,14 @@ if PLAN_SIZES_JOBS:
 
 def plan_key(rule_name, wildcards):
     """The plan's key of a job: (rule, model, task, run); eval_base's task and run are "base", the
-    pair analyses' run is s{seed}, analysis_base_samples' task is its evaluation task."""
+    pair analyses' run is s{seed}, analysis_base_samples' task is its evaluation task, a held-out
+    benchmark's run is {run}:{bench}."""
     if rule_name == "eval_base":
         return (rule_name, wildcards.model, "base", "base")
+    if rule_name == "heldout_base":
+        return (rule_name, wildcards.model, "base", f"base:{wildcards.bench}")
+    if rule_name == "heldout_run":
+        return (rule_name, wildcards.model, wildcards.task, f"{wildcards.run}:{wildcards.bench}")
     if rule_name == "analysis_base_samples":
         return (rule_name, wildcards.model, wildcards.evaltask, "base")
     run = getattr(wildcards, "run", None) or f"s{wildcards.seed}"
@@ -385,17 +390,35 @@ def es_engine(wildcards):
     return with_plan("train_run", wildcards, engine) if run_method(wildcards) == "es" else engine
 
 
-def write_plan_files(csv_path, md_path, log_path):
-    """The `plan` rule: every job's plan as plan.csv and plan.md, the total in the log."""
-    PLANNER.write(csv_path, md_path)
-    plans = PLANNER.all()
-    Path(log_path).write_text(f"{len(plans)} jobs, {total_gpu_hours(plans):.1f} GPU-hours "
-                              f"({PLANNER.settings.gpu_type}): {csv_path}, {md_path}\n")
+def target_planner(target):
+    """The plan of the jobs `target` runs: `all` (the config's default target: every job), or a paper's
+    (paper_a, paper_b): every run and evaluation, the analyses its tables and figures read, and the held-out
+    benchmarks where one of them reads those."""
+    if target == "all":
+        return PLANNER
+    names = {"paper_a": [*paper_planning.PAPER_A_TABLES, *paper_planning.PAPER_A_FIGURES],
+             "paper_b": [*paper_planning.PAPER_B_TABLES, *paper_planning.PAPER_B_FIGURES]}[target]
+    read = {path for name in names for paths in paper_planning.paper_inputs(
+        config, name, ALL_ANALYSIS_TARGETS, RESULTS).values() for path in ([paths] if isinstance(paths, str) else paths)}
+    heldout_read = bool(read & set(heldout.heldout_files(config, RESULTS, "_prompts.jsonl")))
+    return Planner(config, PLANNER.settings, analysis_targets=[p for p in ALL_ANALYSIS_TARGETS if p in read],
+                   heldout=heldout_read)
+
+
+def write_plan_files(target, csv_path, md_path, cost_path, log_path):
+    """The plan rules: every job's plan of `target` as CSV and Markdown, its GPU-hours by kind (the
+    cost row of docs/cluster.md) and the total in the log."""
+    planner = target_planner(target)
+    planner.write(csv_path, md_path)
+    plans = planner.all()
+    Path(cost_path).write_text(cost_row(plans, target) + "\n")
+    Path(log_path).write_text(f"{target}: {len(plans)} jobs, {total_gpu_hours(plans):.1f} GPU-hours "
+                              f"({planner.settings.gpu_type}): {csv_path}, {md_path}\n")
 
 
 def plan_fingerprint(wildcards):
     """What the plan files hold, so that `snakemake plan` rewrites them when the config changes."""
-    return [plan_row(plan) for plan in PLANNER.all()]
+    return [plan_row(plan) for plan in target_planner(wildcards.get("plan_target", "all")).all()]
 
 
 def analysis_eval(wildcards):
@@ -519,7 +542,7 @@ def base_fingerprint_targets():
 
 # Held-out benchmarks through lm-eval (rules/heldout.smk; esgrpo.evaluation.heldout).
 HELDOUT_BENCHMARKS = heldout.benchmark_names(config)
-HELDOUT_RUNTIME = int(heldout.heldout_block(config).get("runtime", 240))
+HELDOUT_RUNTIME = heldout.runtime_minutes(config)
 
 
 def heldout_settings(wildcards):
