@@ -54,7 +54,7 @@ def test_profile_keys_are_real_flags():
 
 
 PLANNED_RULES = ("train_run", "eval_base", "eval_run", "analysis_drift", "analysis_cosine", "analysis_sparsity",
-                 "analysis_base_samples", "analysis_kl", "analysis_interpolation")
+                 "analysis_base_samples", "analysis_kl", "analysis_interpolation", "heldout_base", "heldout_run")
 
 
 def test_profile_keeps_only_site_settings():
@@ -74,7 +74,7 @@ def test_profile_keeps_only_site_settings():
         for name in ("mem_mb", "runtime", "gpu", "gpu_model", "cpus_per_gpu"):
             assert f'{name}=planned("{rule}", "{name}"' in rules, (rule, name)
         assert f'threads: planned("{rule}", "threads"' in rules, rule
-    # site settings from the environment, the account never guessed
+    # site settings from the environment (an unset account is empty: no -A, rules/common.smk)
     assert p["default-resources"] == {"slurm_partition": "$ESGRPO_SLURM_PARTITION",
                                       "slurm_account": "$ESGRPO_SLURM_ACCOUNT"}
 
