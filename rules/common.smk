@@ -25,11 +25,17 @@ from esgrpo.runs import (
     reward_rules_setting,
     run_spec,
 )
+from esgrpo.tasks.registry import get_task
+from esgrpo.tasks.rewards import own_graders_under
 from esgrpo.workflow import slurm
 
 check_config(config)
-# Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included.
-logger.info(f"Reward rules: {config['rewards']['rules']} (rewards.rules; docs/rewards.md)")
+# Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included,
+# with the verifiers of this config's tasks that those rules have no grader of (the project's grade them).
+_OWN_GRADERS = own_graders_under(config["rewards"]["rules"], [get_task(t).verifier for t in config["tasks"]])
+logger.info(f"Reward rules: {config['rewards']['rules']} (rewards.rules; docs/rewards.md)"
+            + (f"; the project's graders for verifier(s) {_OWN_GRADERS}, which those rules do not grade"
+               if _OWN_GRADERS else ""))
 
 # The grid's folder (config `results_dir`, set by the Snakefile): every output lives under it. A folder
 # that holds another config's grid with other settings stops the parse here, before any job runs
