@@ -1,5 +1,6 @@
-"""The numbers the docs give are the workflow's: docs/cluster.md's job counts are what `snakemake -n`
-plans for each shipped config (scripts/job_counts.py writes them)."""
+"""The docs cannot go stale: docs/cluster.md's job counts are what `snakemake -n` plans for each shipped
+config (scripts/job_counts.py writes them); the README's Layout names every file and module, and only
+paths that exist; the README's shell commands run (dry runs, --help)."""
 
 from __future__ import annotations
 
@@ -16,3 +17,79 @@ def test_cluster_doc_job_counts_are_the_dry_runs(tmp_path):
     assert written == planned, ("docs/cluster.md is stale: python scripts/job_counts.py --write docs/cluster.md\n"
                                 + planned)
     assert "| `configs/paper_b.yaml` | `paper_b` | 115 |" in planned  # issue 22: the dry run's count
+
+
+# --------------------------------------------------------------------------- the README's Layout
+
+
+def layout_blocks() -> tuple[str, str]:
+    """The README Layout's two code blocks: the repository, and the package."""
+    import re
+
+    section = (REPO / "README.md").read_text().split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"^```\n(.*?)^```$", section, re.M | re.S)
+    assert len(blocks) >= 2, section[:500]
+    return blocks[0], blocks[1]
+
+
+def layout_entries(block: str, indent: str = "") -> dict[str, str]:
+    """path -> its text (continuation lines included): an entry starts at `indent` with a non-space."""
+    entries: dict[str, str] = {}
+    current = ""
+    for line in block.splitlines():
+        if line.startswith(indent) and line[len(indent):len(indent) + 1].strip():
+            current, _, text = line[len(indent):].partition(" ")
+            entries[current] = text
+        else:
+            entries[current] = entries.get(current, "") + "\n" + line
+    return entries
+
+
+def tracked_files() -> list[str]:
+    import subprocess
+
+    return subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_every_path_the_layout_names_exists_and_every_file_is_named():
+    import re
+
+    entries = layout_entries(layout_blocks()[0])
+    named = set()
+    for path, text in entries.items():
+        assert (REPO / path).is_dir() if path.endswith("/") else (REPO / path).is_file(), path
+        named.add(path)
+        if path.endswith("/"):
+            for name in re.findall(r"(?<![\w./*-])([\w-][\w./-]*\.(?:py|smk|yaml|sh|txt|toml|json))\b", text):
+                assert (REPO / path / name).is_file(), f"README Layout: {path}{name} does not exist"
+                named.add(path + name)
+    files = [f for f in tracked_files() if not f.startswith(".")]
+    top = {f.split("/")[0] + ("/" if "/" in f else "") for f in files}
+    absent = sorted(t for t in top if not any(n == t or n.startswith(t) for n in named))
+    assert not absent, f"README Layout does not name {absent}"
+    # the folders whose every file the Layout names (the rest: one line for the folder, tests/ and docs/ say more)
+    listed = ("configs/", "rules/", "envs/", "benchmarks/", "scripts/", "profiles/", "schemas/")
+    missing = [f for f in files if f.startswith(listed) and f not in named]
+    assert not missing, f"README Layout does not name {missing}"
+
+
+def test_every_package_module_is_named_in_the_layout():
+    import re
+
+    package = REPO / "src" / "esgrpo"
+    entries = layout_entries(layout_blocks()[1].split("\n", 1)[1], indent="  ")
+    folders = {path: text for path, text in entries.items() if path.endswith("/")}
+    shared = "\n".join(f"{path} {text}" for path, text in entries.items() if not path.endswith("/"))
+    for folder in folders:
+        assert (package / folder / "__init__.py").is_file(), f"README Layout: src/esgrpo/{folder} is not a package"
+    unnamed = []
+    for module in sorted(package.rglob("*.py")):
+        parts = module.relative_to(package).with_suffix("").parts
+        if parts[-1] == "__init__":
+            continue
+        text = folders.get(f"{parts[0]}/", "") if len(parts) > 1 else shared
+        if not re.search(rf"\b{parts[-1]}\b", text) or any(f"{sub}/" not in text for sub in parts[1:-1]):
+            unnamed.append("/".join(parts))
+    assert not unnamed, f"README Layout does not name these modules: {unnamed}"
+    packages = {p.parent.name + "/" for p in package.glob("*/__init__.py")}
+    assert packages == set(folders), packages ^ set(folders)
