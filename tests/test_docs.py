@@ -4,6 +4,8 @@ paths that exist; the README's shell commands run (dry runs, --help)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import REPO, load_script
 
@@ -93,3 +95,82 @@ def test_every_package_module_is_named_in_the_layout():
     assert not unnamed, f"README Layout does not name these modules: {unnamed}"
     packages = {p.parent.name + "/" for p in package.glob("*/__init__.py")}
     assert packages == set(folders), packages ^ set(folders)
+
+
+# --------------------------------------------------------------------------- the README's commands
+
+
+def readme_commands() -> list[str]:
+    """Every line of the README's bash code blocks, comments cut."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    lines = []
+    for block in re.findall(r"^```bash\n(.*?)^```$", text, re.M | re.S):
+        lines += [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+    return lines
+
+
+def fresh_checkout(where: Path) -> Path:
+    """The tracked files of this working tree (what a clone of it holds), copied to `where`."""
+    import shutil
+
+    for name in tracked_files():
+        (where / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, where / name)
+    return where
+
+
+@pytest.mark.slow
+def test_every_readme_command_a_dry_run_can_check_runs(tmp_path, ci_workflow):
+    """In a fresh checkout holding the CI grid's finished outputs: each `snakemake` line as a dry run (the SLURM
+    profile's with a dummy account; `--report`, which builds the report whatever -n says, for real), `make`
+    targets with -n, scripts with --help, and the TensorBoard folder the README points at (in the CI grid's
+    folder). A line of another kind fails the test until it is
+    handled here; `pip install` lines are the one kind left out (they install)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    checkout = fresh_checkout(tmp_path / "clone")
+    # copy2: the outputs keep their times. Not the grid's .snakemake/metadata: it names base_fingerprint's
+    # input docs/base_reference.json by the absolute path of the checkout that ran it (rules/models.smk).
+    shutil.copytree(ci_workflow, checkout / "results" / "ci")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "PYTHONPATH": str(checkout / "src")}
+    env.pop("ESGRPO_SLURM_ACCOUNT", None)
+    checked = []
+    for line in readme_commands():
+        words = line.split()
+        if words[0] == "export":
+            name, _, value = words[1].partition("=")
+            env[name] = "dummy_account" if name == "ESGRPO_SLURM_ACCOUNT" else value
+            continue
+        if words[:2] == ["pip", "install"]:
+            continue
+        if words[0] == "tensorboard":
+            logdir = words[words.index("--logdir") + 1]
+            assert logdir == "results/default/tensorboard", line  # the default grid's: the CI grid's beside it
+            assert list((checkout / "results" / "ci" / "tensorboard").rglob("events.out.tfevents.*")), line
+            checked.append(line)
+            continue
+        if words[0] == "snakemake":  # --report builds the report from the finished grid, dry run or not
+            cmd = [sys.executable, "-m", "snakemake", *words[1:], *([] if "--report" in words else ["-n"])]
+        elif words[0] == "make":
+            cmd = ["make", "-n", *words[1:]]
+        elif words[0] == "python" and words[1].startswith(("scripts/", "benchmarks/")):
+            cmd = [sys.executable, words[1], "--help"]
+        else:
+            pytest.fail(f"README command of a kind this test does not check: {line}")
+        out = subprocess.run(cmd, cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, f"{line}\n{(out.stdout + out.stderr)[-3000:]}"
+        if "--report" in words:
+            report = checkout / words[words.index("--report") + 1]
+            assert report.stat().st_size > 100_000 and "a_accuracy" in report.read_text(errors="replace"), line
+        if words[0] == "snakemake" and "--configfile=configs/ci.yaml" in words and "--report" not in words:
+            assert "Nothing to be done" in out.stdout + out.stderr, (line, out.stdout[-4000:])
+        if "profiles/slurm" in words:
+            assert "SLURM: account dummy_account" in out.stdout + out.stderr, line
+        checked.append(line)
+    assert len(checked) >= 12, checked

@@ -400,3 +400,31 @@ run_stage(smk, "no_torch_stage:stage")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "threads 1" in (tmp_path / "stage.log").read_text()
+
+
+def test_a_driver_record_tells_a_live_driver_from_a_dead_one(tmp_path):
+    """esgrpo.workflow.slurm's driver records (what keeps two grids' drivers apart): this process is alive;
+    a record of a pid that has ended, or of a pid now another process (another start time), is not; on
+    another host, a record is alive while its heartbeat is fresh."""
+    import socket
+
+    from esgrpo.workflow import slurm
+
+    path = slurm.register_driver(tmp_path, "run-live", "results/a")
+    try:
+        ended = subprocess.Popen([sys.executable, "-c", "pass"])
+        ended.wait()
+        record = json.loads(path.read_text())
+        assert record["pid"] == os.getpid() and record["results_dir"] == "results/a"
+        records = {"run-ended": {**record, "run_id": "run-ended", "pid": ended.pid},
+                   "run-reused": {**record, "run_id": "run-reused", "start_ticks": "1"},
+                   "run-away": {**record, "run_id": "run-away", "host": socket.gethostname() + "-other"},
+                   "run-stale": {**record, "run_id": "run-stale", "host": socket.gethostname() + "-other"}}
+        for run_id, rec in records.items():
+            (path.parent / f"{run_id}.json").write_text(json.dumps(rec))
+        old = time.time() - slurm.STALE - 1
+        os.utime(path.parent / "run-stale.json", (old, old))
+        assert set(slurm.live_drivers(tmp_path)) == {"run-live", "run-away"}
+    finally:
+        slurm.unregister_driver()
+    assert not path.exists() and set(slurm.live_drivers(tmp_path)) == {"run-away"}

@@ -27,6 +27,7 @@ Standard library only: the workflow imports this when it parses.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -157,10 +158,8 @@ def register_driver(workdir: str | os.PathLike, run_id: str, results_dir: str) -
 
     def beat() -> None:
         while not stop.wait(HEARTBEAT):
-            try:
-                path.touch(exist_ok=False) if not path.exists() else os.utime(path)
-            except OSError:
-                pass
+            with contextlib.suppress(OSError):  # a record removed by hand stays removed
+                os.utime(path)
 
     threading.Thread(target=beat, name="esgrpo-slurm-heartbeat", daemon=True).start()
     _REGISTERED.append((path, stop))
