@@ -200,9 +200,10 @@ def check_account(environ: dict | None = None) -> None:
                          capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         said = " ".join(out.stderr.split()) or f"exit {out.returncode}"
-        raise RuntimeError(f"profiles/slurm: this cluster refuses a job without an account ({said}): set "
-                           f"{ACCOUNT_ENV} to the SLURM account the jobs are charged to (`sacctmgr -n show assoc "
-                           "user=$USER format=account` lists yours)")
+        raise RuntimeError(f"profiles/slurm: this cluster refuses a job without an account ({said}; sbatch "
+                           f"--test-only --partition={partition}): set {ACCOUNT_ENV} to the SLURM account the jobs "
+                           "are charged to (`sacctmgr -n show assoc user=$USER format=account` lists yours), or "
+                           "ESGRPO_SLURM_PARTITION where sbatch names the partition")
 
 
 def site_gpu_type(config: dict, environ: dict) -> dict[str, str]:
