@@ -50,10 +50,12 @@ onstart:
 
 onsuccess:
     stop_job_server()
+    slurm.unregister_driver()
 
 
 onerror:
     stop_job_server()
+    slurm.unregister_driver()
 
 
 rule all:

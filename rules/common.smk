@@ -13,7 +13,7 @@ from esgrpo.analysis.settings import analysis_config, analysis_eval_settings, ma
 from esgrpo.evaluation import heldout
 from esgrpo.config import check_config, judged_on, model_eval_tasks, model_warmup_tasks, software_env, task_splits
 from esgrpo.grids import check_grid_folder, config_source, write_grid_record
-from esgrpo.plan import Planner, PlanSettings, plan_row, total_gpu_hours
+from esgrpo.plan import Planner, PlanSettings, cost_row, plan_row, total_gpu_hours
 from esgrpo.report import planning as paper_planning
 from esgrpo.runs import (
     RUN_PATTERN,
@@ -26,11 +26,17 @@ from esgrpo.runs import (
     run_spec,
 )
 from esgrpo.pins import model_snapshot_folder
+from esgrpo.tasks.registry import get_task
+from esgrpo.tasks.rewards import own_graders_under
 from esgrpo.workflow import slurm
 
 check_config(config)
-# Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included.
-logger.info(f"Reward rules: {config['rewards']['rules']} (rewards.rules; docs/rewards.md)")
+# Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included,
+# with the verifiers of this config's tasks that those rules have no grader of (the project's grade them).
+_OWN_GRADERS = own_graders_under(config["rewards"]["rules"], [get_task(t).verifier for t in config["tasks"]])
+logger.info(f"Reward rules: {config['rewards']['rules']} (rewards.rules; docs/rewards.md)"
+            + (f"; the project's graders for verifier(s) {_OWN_GRADERS}, which those rules do not grade"
+               if _OWN_GRADERS else ""))
 
 # The grid's folder (config `results_dir`, set by the Snakefile): every output lives under it. A folder
 # that holds another config's grid with other settings stops the parse here, before any job runs
@@ -338,7 +344,8 @@ ALL_ANALYSIS_TARGETS = [path for model in MODELS for path in analysis_targets(mo
 # plan, and its trainers and engines the plan's settings. A CPU-only config (the embedded default)
 # keeps the rules' own resources and settings; `snakemake plan` still writes its plan.
 
-PLANNER = Planner(config, PlanSettings.from_config(config), analysis_targets=ALL_ANALYSIS_TARGETS)
+PLANNER = Planner(config, PlanSettings.from_config(config, **slurm.site_gpu_type(config, os.environ)),
+                  analysis_targets=ALL_ANALYSIS_TARGETS)
 PLAN_SIZES_JOBS = PLANNER.sizes_jobs
 if PLAN_SIZES_JOBS:
     PLANNER.check()
@@ -346,9 +353,14 @@ if PLAN_SIZES_JOBS:
 
 def plan_key(rule_name, wildcards):
     """The plan's key of a job: (rule, model, task, run); eval_base's task and run are "base", the
-    pair analyses' run is s{seed}, analysis_base_samples' task is its evaluation task."""
+    pair analyses' run is s{seed}, analysis_base_samples' task is its evaluation task, a held-out
+    benchmark's run is {run}:{bench}."""
     if rule_name == "eval_base":
         return (rule_name, wildcards.model, "base", "base")
+    if rule_name == "heldout_base":
+        return (rule_name, wildcards.model, "base", f"base:{wildcards.bench}")
+    if rule_name == "heldout_run":
+        return (rule_name, wildcards.model, wildcards.task, f"{wildcards.run}:{wildcards.bench}")
     if rule_name == "analysis_base_samples":
         return (rule_name, wildcards.model, wildcards.evaltask, "base")
     run = getattr(wildcards, "run", None) or f"s{wildcards.seed}"
@@ -407,17 +419,35 @@ def es_engine(wildcards):
     return with_plan("train_run", wildcards, engine) if run_method(wildcards) == "es" else engine
 
 
-def write_plan_files(csv_path, md_path, log_path):
-    """The `plan` rule: every job's plan as plan.csv and plan.md, the total in the log."""
-    PLANNER.write(csv_path, md_path)
-    plans = PLANNER.all()
-    Path(log_path).write_text(f"{len(plans)} jobs, {total_gpu_hours(plans):.1f} GPU-hours "
-                              f"({PLANNER.settings.gpu_type}): {csv_path}, {md_path}\n")
+def target_planner(target):
+    """The plan of the jobs `target` runs: `all` (the config's default target: every job), or a paper's
+    (paper_a, paper_b): every run and evaluation, the analyses its tables and figures read, and the held-out
+    benchmarks where one of them reads those."""
+    if target == "all":
+        return PLANNER
+    names = {"paper_a": [*paper_planning.PAPER_A_TABLES, *paper_planning.PAPER_A_FIGURES],
+             "paper_b": [*paper_planning.PAPER_B_TABLES, *paper_planning.PAPER_B_FIGURES]}[target]
+    read = {path for name in names for paths in paper_planning.paper_inputs(
+        config, name, ALL_ANALYSIS_TARGETS, RESULTS).values() for path in ([paths] if isinstance(paths, str) else paths)}
+    heldout_read = bool(read & set(heldout.heldout_files(config, RESULTS, "_prompts.jsonl")))
+    return Planner(config, PLANNER.settings, analysis_targets=[p for p in ALL_ANALYSIS_TARGETS if p in read],
+                   heldout=heldout_read)
+
+
+def write_plan_files(target, csv_path, md_path, cost_path, log_path):
+    """The plan rules: every job's plan of `target` as CSV and Markdown, its GPU-hours by kind (the
+    cost row of docs/cluster.md) and the total in the log."""
+    planner = target_planner(target)
+    planner.write(csv_path, md_path)
+    plans = planner.all()
+    Path(cost_path).write_text(cost_row(plans, target) + "\n")
+    Path(log_path).write_text(f"{target}: {len(plans)} jobs, {total_gpu_hours(plans):.1f} GPU-hours "
+                              f"({planner.settings.gpu_type}): {csv_path}, {md_path}\n")
 
 
 def plan_fingerprint(wildcards):
     """What the plan files hold, so that `snakemake plan` rewrites them when the config changes."""
-    return [plan_row(plan) for plan in PLANNER.all()]
+    return [plan_row(plan) for plan in target_planner(wildcards.get("plan_target", "all")).all()]
 
 
 def analysis_eval(wildcards):
@@ -549,7 +579,7 @@ def base_fingerprint_targets():
 
 # Held-out benchmarks through lm-eval (rules/heldout.smk; esgrpo.evaluation.heldout).
 HELDOUT_BENCHMARKS = heldout.benchmark_names(config)
-HELDOUT_RUNTIME = int(heldout.heldout_block(config).get("runtime", 240))
+HELDOUT_RUNTIME = heldout.runtime_minutes(config)
 
 
 def heldout_settings(wildcards):
@@ -595,16 +625,26 @@ def stop_job_server():
         JOB_SERVERS.pop().stop()
 
 
-# --- SLURM -------------------------------------------------------------------------------------
-# profiles/slurm reads its partitions from the environment (ESGRPO_SLURM_PARTITION, ..._GPU_PARTITION);
-# unset, they are the local cluster's names. Set here, at parse time: Snakemake expands the profile's
-# $VARS when it evaluates each job's resources, and the jobs inherit them (sbatch --export=ALL).
-for _name, _default in slurm.PARTITION_DEFAULTS.items():
+# --- SLURM ----------------------------------------------------------------------------------------
+# profiles/slurm reads its site settings from the environment: the partitions (ESGRPO_SLURM_PARTITION,
+# ..._GPU_PARTITION; unset, the local cluster's names) and the account (ESGRPO_SLURM_ACCOUNT; unset, an
+# empty one: jobs go without -A). Set here, at parse time: Snakemake expands the profile's $VARS when it
+# evaluates each job's resources (dry runs included), and the jobs inherit them (sbatch --export=ALL).
+for _name, _default in {**slurm.PARTITION_DEFAULTS, slurm.ACCOUNT_ENV: ""}.items():
     os.environ.setdefault(_name, _default)
+# The profile is known at parse time by its default resources; the executor only when jobs start.
+SLURM_PROFILE = any(str(arg).startswith("slurm_") for arg in getattr(workflow.resource_settings.default_resources,
+                                                                     "args", None) or [])
+if SLURM_PROFILE:
+    logger.info(slurm.site_summary(os.environ, PLANNER.settings.gpu_type if PLAN_SIZES_JOBS else None))
 
 
 def check_slurm_driver():
-    """onstart of a SLURM driver: an account set, and no job of an earlier driver left in this working
-    directory (esgrpo.workflow.slurm.check_driver; docs/cluster.md, "When the driver dies")."""
+    """onstart of a SLURM driver: a job without an account is taken where none is set, no job of a driver
+    that no longer runs is left in this working directory, and this driver recorded as alive so that a
+    driver of another grid leaves its jobs alone (esgrpo.workflow.slurm; docs/cluster.md, "When the
+    driver dies")."""
     if workflow.executor_plugin is not None and workflow.executor_plugin.name == "slurm":
         slurm.check_driver(os.getcwd())
+        # The plugin names every job after this run ID (snakemake-executor-plugin-slurm 2.8.0, run_uuid).
+        slurm.register_driver(os.getcwd(), workflow.scheduler._executor.run_uuid, RESULTS)

@@ -2,8 +2,8 @@
 # benchmark of the config's `heldout_benchmarks` block: the base model and the final stage of each
 # continual sequence (paper A's before -> after; docs/references.md). The tables read the per-prompt
 # rows (esgrpo.report.planning); README.md, "Held-out benchmarks", says how to run them on real data.
-# Resources: the memory and GPUs planned for the same checkpoint's evaluation job (the plan has no
-# lm-eval job kind), the runtime from the block.
+# Resources from the plan (esgrpo.plan.grid.heldout_jobs): the memory and GPUs of the same checkpoint's
+# evaluation job (the plan has no lm-eval job kind), the block's runtime as the time limit.
 
 
 wildcard_constraints:
@@ -25,13 +25,13 @@ rule heldout_base:
         f"{RESULTS}/logs/{{model}}/base/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/base/heldout_{{bench}}.tsv"
-    threads: planned("eval_base", "threads", 1)
+    threads: planned("heldout_base", "threads", 1)
     resources:
-        mem_mb=planned("eval_base", "mem_mb", 4000),
-        runtime=sized("runtime", HELDOUT_RUNTIME),
-        gpu=planned("eval_base", "gpu", 0),
-        cpus_per_gpu=planned("eval_base", "cpus_per_gpu", 0),
-        gpu_model=planned("eval_base", "gpu_model", ""),
+        mem_mb=planned("heldout_base", "mem_mb", 4000),
+        runtime=planned("heldout_base", "runtime", HELDOUT_RUNTIME),
+        gpu=planned("heldout_base", "gpu", 0),
+        cpus_per_gpu=planned("heldout_base", "cpus_per_gpu", 0),
+        gpu_model=planned("heldout_base", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:
@@ -53,13 +53,13 @@ rule heldout_run:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.tsv"
-    threads: planned("eval_run", "threads", 1)
+    threads: planned("heldout_run", "threads", 1)
     resources:
-        mem_mb=planned("eval_run", "mem_mb", 4000),
-        runtime=sized("runtime", HELDOUT_RUNTIME),
-        gpu=planned("eval_run", "gpu", 0),
-        cpus_per_gpu=planned("eval_run", "cpus_per_gpu", 0),
-        gpu_model=planned("eval_run", "gpu_model", ""),
+        mem_mb=planned("heldout_run", "mem_mb", 4000),
+        runtime=planned("heldout_run", "runtime", HELDOUT_RUNTIME),
+        gpu=planned("heldout_run", "gpu", 0),
+        cpus_per_gpu=planned("heldout_run", "cpus_per_gpu", 0),
+        gpu_model=planned("heldout_run", "gpu_model", ""),
     conda:
         SOFTWARE_ENV
     script:

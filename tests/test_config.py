@@ -33,7 +33,15 @@ def test_shipped_configs_pass(default_config):
      "es.ablations.ranks: ESConfig.noise 'lowrank' is not supported on es.backend vllm"),
     (lambda c: c["es"]["ablations"].update({"task": "gsm8k"}), "es.ablations.task"),
     (lambda c: c["es"].update({"snapshots": [c["es"]["settings"]["iterations"]]}), "es.snapshots"),
-    (lambda c: c["es"]["settings"].update({"snapshots": [2]}), "es.settings.snapshots: list the iterations"),
+    (lambda c: c["es"]["settings"].update({"snapshots": [2]}), r"es\.settings\.snapshots: set by es\.snapshots "),
+    # A setting that another key sets for every run: refused with that key, never overridden in silence.
+    (lambda c: c["es"]["settings"].update({"population_size": 8}),
+     r"^es\.settings\.population_size: set by es\.population_sizes \(the main run is the first\), not here$"),
+    (lambda c: c["es"]["settings"].update({"seed": 3}), r"^es\.settings\.seed: set by es\.seeds, not here$"),
+    (lambda c: c["grpo"]["settings"].update({"num_generations": 4}), r"^grpo\.settings\.num_generations: set by grpo\.group_sizes"),
+    (lambda c: c["grpo"]["settings"].update({"seed": 1}), r"^grpo\.settings\.seed: set by grpo\.seeds, not here$"),
+    (lambda c: c["es"]["settings"].update({"antithetic": True}),
+     r"^es\.settings\.antithetic: the main runs use False; ablation runs take theirs from es\.ablations\.antithetic$"),
     (lambda c: c["tasks"].update({"math": {"prompt": {"template": "{problem}"}}}),
      r"tasks\.math\.prompt\.template: unknown fields \['problem'\]; this task fills \['question'\]"),
     (lambda c: c["tasks"].update({"gsm8k": {"prompt": {"template": "Q: {}"}}}),
@@ -54,6 +62,26 @@ def test_bad_config_names_the_key(default_config, mutate, message):
     mutate(config)
     with pytest.raises(ConfigError, match=message):
         check_config(config)
+
+
+def test_the_main_runs_values_may_be_stated(default_config):
+    """normalization zscore and antithetic false, what the paper configs write: the main runs' own values."""
+    config = copy.deepcopy(default_config)
+    config["es"]["settings"].update({"normalization": "zscore", "antithetic": False})
+    check_config(config)
+
+
+@pytest.mark.parametrize("block", ["es", "grpo"])
+def test_an_unknown_setting_lists_only_the_keys_allowed_there(default_config, block):
+    config = copy.deepcopy(default_config)
+    config[block]["settings"]["sigmaa"] = 0.1
+    with pytest.raises(ConfigError) as err:
+        check_config(config)
+    message = str(err.value)
+    allowed = yaml.safe_load(message.split("; allowed: ")[1])
+    assert message.startswith(f"{block}.settings: unknown setting(s) ['sigmaa']; allowed: ")
+    assert "max_new_tokens" in allowed
+    assert not {"reward_rules", "seed", "population_size", "num_generations", "snapshots"} & set(allowed), message
 
 
 def test_schema_rejects_unknown_top_level_key_and_fills_defaults(default_config):

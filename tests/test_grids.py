@@ -5,6 +5,7 @@ working directory without touching each other's files."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -55,7 +56,8 @@ def test_a_config_without_results_dir_writes_under_its_file_name():
 # --------------------------------------------------------------------------- the grid record
 
 
-def test_the_grid_record_stops_only_another_config_with_other_settings(tmp_path):
+def test_the_grid_record_stops_only_another_config_with_other_settings(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the working directory: CI lies outside it, so its path stays absolute
     folder = str(tmp_path / "results" / "ci")
     ci = load(CI)
     source = config_source([CI], [], REPO / "config.yaml")
@@ -72,12 +74,44 @@ def test_the_grid_record_stops_only_another_config_with_other_settings(tmp_path)
         check_grid_folder(folder, edited, other_file)
     message = str(err.value)
     assert "\n" not in message
-    assert f"results_dir {folder} holds the grid of ci.yaml" in message
+    assert f"results_dir {folder} holds the grid of {CI}" in message
     assert "this config (copy_of_ci.yaml) has other settings (es.settings.iterations: 3 -> 2)" in message
     assert f"set results_dir to a folder of its own, or delete {folder}/{GRID_RECORD}" in message
     seeded = config_source([CI], ["seed=1"], REPO / "config.yaml")  # --config arguments: another config
-    with pytest.raises(GridError, match=r"this config \(ci.yaml \+ --config seed=1\) has other settings \(seed: 0 -> 1\)"):
+    with pytest.raises(GridError, match=rf"this config \({CI} \+ --config seed=1\) has other settings \(seed: 0 -> 1\)"):
         check_grid_folder(folder, {**ci, "seed": 1}, seeded)
+
+
+def test_the_grid_record_survives_a_moved_checkout_and_names_two_configs_apart(tmp_path, monkeypatch):
+    """A renamed checkout (or a copied results folder) editing its own config.yaml: still its own grid. Another
+    checkout's config.yaml with other settings: refused, the two files named by their paths."""
+    ci = load(CI)
+    old = tmp_path / "checkout"
+    old.mkdir()
+    (old / "config.yaml").write_text(CI.read_text())
+    monkeypatch.chdir(old)
+    source = config_source([old / "config.yaml"], [], old / "config.yaml")
+    assert source["configfiles"] == ["config.yaml"]
+    write_grid_record("results/ci", ci, source)
+    # A record written before paths were relative names the same file by its absolute path.
+    legacy = read_json(old / "results" / "ci" / GRID_RECORD)
+    legacy["source"]["configfiles"] = [str(old / "config.yaml")]
+    (old / "results" / "ci" / GRID_RECORD).write_text(json.dumps(legacy))
+    edited = copy.deepcopy(ci)
+    edited["es"]["settings"]["iterations"] = 2
+    assert check_grid_folder("results/ci", edited, source)
+    write_grid_record("results/ci", ci, source)
+
+    moved = old.rename(tmp_path / "renamed")
+    monkeypatch.chdir(moved)
+    source = config_source([moved / "config.yaml"], [], moved / "config.yaml")
+    assert check_grid_folder("results/ci", edited, source)  # its own config, edited: rewritten, not refused
+    other = tmp_path / "other" / "config.yaml"
+    other.parent.mkdir()
+    other.write_text(CI.read_text())
+    with pytest.raises(GridError) as err:
+        check_grid_folder("results/ci", edited, config_source([other], [], other))
+    assert f"holds the grid of config.yaml, and this config ({other}) has other settings" in str(err.value)
 
 
 def test_a_grid_folder_inside_another_or_holding_one_is_refused(tmp_path):

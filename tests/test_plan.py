@@ -91,6 +91,20 @@ def test_architecture_for_each_kind_of_source(tmp_path):
         architecture_for(unknown, "mystery", tmp_path)
 
 
+def test_a_relative_source_that_is_neither_folder_nor_cached_names_both_readings(tmp_path, monkeypatch):
+    """`models/smollm2` reads as a folder under the working directory and as a Hub id: the line names both."""
+    monkeypatch.chdir(tmp_path)
+    config = {"models": {"smol": {"source": "models/smollm2", "tasks": ["gsm8k"]}}}
+    with pytest.raises(PlanError) as err:
+        architecture_for(config, "smol", tmp_path)
+    message = str(err.value)
+    assert f"as a folder, {tmp_path / 'models' / 'smollm2'} does not exist" in message, message
+    assert "as a Hub id, it is not in the Hugging Face cache" in message and "hf download models/smollm2" in message
+    (tmp_path / "models" / "smollm2").mkdir(parents=True)
+    with pytest.raises(PlanError, match=f"as a folder, {tmp_path / 'models' / 'smollm2'} has no config.json"):
+        architecture_for(config, "smol", tmp_path)
+
+
 # --------------------------------------------------------------------------- runtime anchor
 
 
@@ -303,6 +317,61 @@ def test_snakemake_plan_target_writes_the_plan_of_a_paper_config(tmp_path, name)
     md = (results / "plan.md").read_text()
     assert md.count("\n| train_run |") == len(trained) and "**total**" in md
     assert "GPU-hours" in (results / "logs" / "plan.log").read_text()
+
+
+def rules_sized_by_the_plan() -> set[str]:
+    """The rules whose resources come from the plan (`planned("<rule>", ...)` in rules/*.smk)."""
+    import re
+
+    found = set()
+    for path in (REPO / "rules").glob("*.smk"):
+        for name, body in re.findall(r"^rule (\w+):\n((?:[ \t]+.*\n|\n)*)", path.read_text(), re.M):
+            if "planned(" in body:
+                found.add(name)
+    return found
+
+
+def dry_run_counts(workdir: Path, configfile: Path, target: str) -> dict[str, int]:
+    """Jobs per rule of `snakemake -n <target>` (its Job stats table)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "snakemake", "-n", "--snakefile", str(REPO / "Snakefile"),
+                          "--directory", str(workdir), f"--configfile={configfile}", target],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    table = out.stdout.split("Job stats:")[1].split("\n\n")[0]
+    rows = [row.split() for row in table.splitlines()]
+    return {row[0]: int(row[1]) for row in rows if len(row) == 2 and row[1].isdigit()}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["paper_a", "paper_b"])
+def test_a_targets_plan_counts_every_job_its_dry_run_runs(tmp_path, name):
+    """`plan_<paper>`: one row per job the paper target runs that the plan sizes, rule by rule as its dry run
+    counts them (held-out benchmarks included, analyses no table of the paper reads left out), and
+    docs/cluster.md's cost table holds the row it generates."""
+    from collections import Counter
+
+    from conftest import run_workflow
+
+    configfile = REPO / "configs" / f"{name}.yaml"
+    run_workflow(tmp_path, configfile, targets=[f"plan_{name}"], cores=1)
+    results = tmp_path / "results" / name
+    rows = list(csv.DictReader((results / f"plan_{name}.csv").open()))
+    # and analysis_theory, a row of the plan (host only, reads metrics files) whose rule keeps its own size
+    sized = rules_sized_by_the_plan() | {"analysis_theory"}
+    assert {"train_run", "eval_run", "heldout_base", "heldout_run", "analysis_kl"} <= sized
+    dry = {rule: n for rule, n in dry_run_counts(tmp_path, configfile, name).items() if rule in sized}
+    assert Counter(r["rule"] for r in rows) == dry
+    heldout = [r for r in rows if r["rule"].startswith("heldout_")]
+    assert bool(heldout) == (name == "paper_a")  # paper A's held-out table reads MMLU and IFEval
+    for row in heldout:  # the block's time limit, on the GPU the checkpoint's evaluation gets
+        assert int(row["slurm_minutes"]) == 240 and float(row["gpu_hours"]) == 4.0 * int(row["gpus"]), row
+    cost = (results / f"plan_{name}_cost.md").read_text().strip()
+    assert cost.startswith(f"| `{name}` ({len(rows)} jobs, h200) |")
+    assert cost in (REPO / "docs" / "cluster.md").read_text().splitlines(), \
+        f"docs/cluster.md's cost table is stale; its row for {name} is now:\n{cost}"
 
 
 @pytest.mark.slow
@@ -679,7 +748,8 @@ def test_plan_vs_measured_judges_every_job_of_a_kind(tmp_path):
     fields = ["rule", "model", "task", "run", "method", "host_mem_gib", "mem_mb"]
     plan = [("analysis_drift", "m", "t", "es-n4-s0", "compare", "1.0", "1400"),
             ("analysis_drift", "m", "t", "es-then-grpo-s0", "compare", "2.0", "2400"),
-            ("eval_base", "m", "base", "base", "eval", "4.0", "4700")]
+            ("eval_base", "m", "base", "base", "eval", "4.0", "4700"),
+            ("heldout_base", "m", "base", "base:mmlu", "eval", "4.0", "4700")]  # the plan's own row of it
     (tmp_path / "plan.csv").write_text("\n".join([",".join(fields), *(",".join(r) for r in plan)]) + "\n")
 
     def bench(path: str, pss_mib: float) -> None:

@@ -378,6 +378,17 @@ def test_one_key_sets_the_rules():
         check_config(config)
 
 
+def test_the_verifiers_paper_rules_leave_to_the_projects_graders_are_named():
+    """Paper B grades maths only; paper A's code grades the four kinds it has. Any other verifier (a task
+    added since) is graded by the project's own grader, which the workflow's Reward rules line names."""
+    from esgrpo.tasks.rewards import VERIFIERS, own_graders_under, verifier_for
+
+    assert own_graders_under("esgrpo", VERIFIERS) == []
+    assert own_graders_under("paper_a", [*VERIFIERS, "exact"]) == ["exact"]
+    assert own_graders_under("paper_b", VERIFIERS) == ["choice", "countdown", "yesno"]
+    assert verifier_for("yesno", "paper_b") is VERIFIERS["yesno"]
+
+
 def test_evaluation_grades_under_its_settings_rules_and_records_them():
     pytest.importorskip("transformers")
     from esgrpo.engines.rollout import HFEngine

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,7 +54,7 @@ def test_profile_keys_are_real_flags():
 
 
 PLANNED_RULES = ("train_run", "eval_base", "eval_run", "analysis_drift", "analysis_cosine", "analysis_sparsity",
-                 "analysis_base_samples", "analysis_kl", "analysis_interpolation")
+                 "analysis_base_samples", "analysis_kl", "analysis_interpolation", "heldout_base", "heldout_run")
 
 
 def test_profile_keeps_only_site_settings():
@@ -73,20 +74,54 @@ def test_profile_keeps_only_site_settings():
         for name in ("mem_mb", "runtime", "gpu", "gpu_model", "cpus_per_gpu"):
             assert f'{name}=planned("{rule}", "{name}"' in rules, (rule, name)
         assert f'threads: planned("{rule}", "threads"' in rules, rule
-    # site settings from the environment, the account never guessed
+    # site settings from the environment (an unset account is empty: no -A, rules/common.smk)
     assert p["default-resources"] == {"slurm_partition": "$ESGRPO_SLURM_PARTITION",
                                       "slurm_account": "$ESGRPO_SLURM_ACCOUNT"}
 
 
-def planned_resources(config_name: str, rule: str, model: str, task: str, run: str) -> dict:
-    """What the plan gives a job of a shipped config, its defaults filled as the workflow fills them."""
+def planned_resources(config_name: str, rule: str, model: str, task: str, run: str, **settings) -> dict:
+    """What the plan gives a job of a shipped config, its defaults filled as the workflow fills them;
+    `settings`: PlanSettings overrides (a site's gpu_type)."""
     from snakemake.utils import validate
 
-    from esgrpo.plan import Planner
+    from esgrpo.plan import Planner, PlanSettings
 
     config = yaml.safe_load((REPO / "configs" / f"{config_name}.yaml").read_text())
     validate(config, str(REPO / "schemas" / "config.schema.yaml"))
-    return Planner(config).resources(rule, model, task, run)
+    return Planner(config, PlanSettings.from_config(config, **settings)).resources(rule, model, task, run)
+
+
+@pytest.mark.slow
+def test_a_dry_run_without_an_account_and_with_the_sites_gpu_type(tmp_path):
+    """ESGRPO_SLURM_ACCOUNT unset: the dry run says once that jobs go without -A and when a cluster that
+    requires one is asked, and plans no unexpanded $VAR. ESGRPO_SLURM_GPU_TYPE=a100 (a GRES name the plan reads as a100_80): every GPU job asks
+    for that GRES and gets the plan's sizes for it, over paper_b.yaml's plan.gpu_type (h200)."""
+    env = {k: v for k, v in os.environ.items() if k != "ESGRPO_SLURM_ACCOUNT"} | {"ESGRPO_SLURM_GPU_TYPE": "a100"}
+    out = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "-n",
+                          "--workflow-profile", str(PROFILE), "--directory", str(tmp_path),
+                          f"--configfile={REPO / 'configs' / 'paper_b.yaml'}", "paper_b"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-4000:]
+    said = [line for line in text.splitlines() if line.startswith("SLURM: ")]
+    assert said == ["SLURM: no account (ESGRPO_SLURM_ACCOUNT unset): jobs go without -A, under your default "
+                    "account; a cluster that requires one is asked (sbatch --test-only) when the driver starts; "
+                    "GPU type a100 (ESGRPO_SLURM_GPU_TYPE)"], said
+    assert "$ESGRPO" not in text.replace(said[0], "")
+    jobs = re.findall(r"^rule (\w+):\n(?:    .*\n)*?    wildcards: (.*)\n(?:    .*\n)*?    resources: (.*)$", text, re.M)
+    parsed = [(rule, dict(w.split("=", 1) for w in wildcards.split(", ")),
+               dict(r.split("=", 1) for r in resources.split(", "))) for rule, wildcards, resources in jobs]
+    gpu_jobs = [job for job in parsed if int(job[2].get("gpu", 0)) > 0]
+    assert len(gpu_jobs) > 30, text[-3000:]
+    for _, _, resources in gpu_jobs:
+        assert resources["gpu_model"] == "a100" and resources["slurm_account"] == "", resources
+    _, wildcards, resources = next(j for j in gpu_jobs if j[0] == "train_run" and j[1]["run"] == GRPO_RUN)
+    want = planned_resources("paper_b", "train_run", wildcards["model"], wildcards["task"], GRPO_RUN,
+                             gpu_type="a100")
+    h200 = planned_resources("paper_b", "train_run", wildcards["model"], wildcards["task"], GRPO_RUN)
+    assert (int(resources["gpu"]), int(resources["mem_mb"]), int(resources["runtime"])) == \
+        (want["gpu"], want["mem_mb"], want["runtime"])
+    assert (want["gpu"], want["runtime"]) != (h200["gpu"], h200["runtime"])  # another GPU: another plan
 
 
 # --------------------------------------------------------------------------- a fake SLURM
@@ -365,3 +400,31 @@ run_stage(smk, "no_torch_stage:stage")
     result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "threads 1" in (tmp_path / "stage.log").read_text()
+
+
+def test_a_driver_record_tells_a_live_driver_from_a_dead_one(tmp_path):
+    """esgrpo.workflow.slurm's driver records (what keeps two grids' drivers apart): this process is alive;
+    a record of a pid that has ended, or of a pid now another process (another start time), is not; on
+    another host, a record is alive while its heartbeat is fresh."""
+    import socket
+
+    from esgrpo.workflow import slurm
+
+    path = slurm.register_driver(tmp_path, "run-live", "results/a")
+    try:
+        ended = subprocess.Popen([sys.executable, "-c", "pass"])
+        ended.wait()
+        record = json.loads(path.read_text())
+        assert record["pid"] == os.getpid() and record["results_dir"] == "results/a"
+        records = {"run-ended": {**record, "run_id": "run-ended", "pid": ended.pid},
+                   "run-reused": {**record, "run_id": "run-reused", "start_ticks": "1"},
+                   "run-away": {**record, "run_id": "run-away", "host": socket.gethostname() + "-other"},
+                   "run-stale": {**record, "run_id": "run-stale", "host": socket.gethostname() + "-other"}}
+        for run_id, rec in records.items():
+            (path.parent / f"{run_id}.json").write_text(json.dumps(rec))
+        old = time.time() - slurm.STALE - 1
+        os.utime(path.parent / "run-stale.json", (old, old))
+        assert set(slurm.live_drivers(tmp_path)) == {"run-live", "run-away"}
+    finally:
+        slurm.unregister_driver()
+    assert not path.exists() and set(slurm.live_drivers(tmp_path)) == {"run-away"}

@@ -82,13 +82,14 @@ def slurm_env() -> dict[str, str]:
 class Driver:
     """One `snakemake --workflow-profile profiles/slurm` process in `workdir`, its output in a log file."""
 
-    def __init__(self, workdir: Path, env: dict[str, str], targets: list[str], name: str, *extra: str):
+    def __init__(self, workdir: Path, env: dict[str, str], targets: list[str], name: str, *extra: str,
+                 config: Path = CONFIG):
         self.log_path = workdir / f"{name}.out"
         workdir.mkdir(parents=True, exist_ok=True)
         # The plugin's first status check after 2 s instead of 40 (it then polls 10 s slower each time no
         # job finished, up to 180 s); squeue stays the status command (MinJobAge 300 >= 3 x 2 s).
         cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"), "--workflow-profile",
-               str(PROFILE), "--directory", str(workdir), f"--configfile={CONFIG}",
+               str(PROFILE), "--directory", str(workdir), f"--configfile={config}",
                "--slurm-init-seconds-before-status-checks", "2", *extra, *targets]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -327,3 +328,117 @@ def test_a_retrys_size_stays_within_what_a_node_holds(slurm_env):
     refused = test_only(wanted)
     assert refused.returncode != 0 and "not available" in refused.stderr, refused.stderr
     assert test_only(capped("mem_mb", wanted, limits)).returncode == 0
+
+
+# --------------------------------------------------------------------------- two grids, one checkout
+
+
+def wait_until(what: str, check, driver: Driver, timeout: float = 180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        assert driver.proc.poll() is None, f"driver ended before {what}:\n{driver.tail()}"
+        time.sleep(0.5)
+    pytest.fail(f"no {what} after {timeout:.0f} s:\n{driver.tail()}")
+
+
+def slurm_cli(action: str, workdir: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "esgrpo.workflow.slurm", action, "--directory", str(workdir)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_two_grids_at_once_then_a_killed_drivers_orphans(slurm_env, tmp_path_factory):
+    """Two grids of one working directory under SLURM at once, grid B without an account: neither driver
+    takes the other's jobs for orphans, and the orphan commands leave a live driver's jobs alone. Then grid
+    A's driver is killed: a new driver of A is refused, naming A's job only, `cancel` cancels it only, and
+    both grids complete. Every job waits behind a job outside the working directory that holds the node's
+    memory, so that each step sees the jobs queued (one prepare_task per grid: 16,000 MB each)."""
+    workdir = tmp_path_factory.mktemp("two_grids")
+    grid_b = workdir / "grid_b.yaml"
+    grid_b.write_text(CONFIG.read_text().replace(f"results_dir: {GRID}", "results_dir: results/grid_b"))
+    no_account = {k: v for k, v in slurm_env.items() if k != "ESGRPO_SLURM_ACCOUNT"}
+    target = {"a": f"{GRID}/data/sum_yesno/train.jsonl", "b": "results/grid_b/data/sum_yesno/train.jsonl"}
+    records = workdir / ".snakemake" / "esgrpo_slurm_drivers"
+
+    from esgrpo.workflow.slurm import cluster_limits
+
+    blocker = subprocess.run(["sbatch", "--parsable", "-D", str(tmp_path_factory.mktemp("blocker")), "-p", "cpu",
+                              "--mem", str(cluster_limits()[0]), "-t", "30", "--wrap", "sleep 1200"],
+                             capture_output=True, text=True, env=slurm_env, timeout=60, check=True).stdout.strip()
+    drivers = []
+    try:
+        a = Driver(workdir, slurm_env, [target["a"]], "grid_a")
+        drivers.append(a)
+        job_a = wait_until("job of grid A", lambda: next(iter(a.submitted()), None), a)
+        b = Driver(workdir, no_account, [target["b"]], "grid_b", config=grid_b)
+        drivers.append(b)
+        job_b = wait_until("job of grid B", lambda: next(iter(b.submitted()), None), b)
+        assert "SLURM: no account (ESGRPO_SLURM_ACCOUNT unset)" in b.output
+        assert {squeue_state(job_a), squeue_state(job_b)} == {"PENDING"}
+        assert len(list(records.glob("*.json"))) == 2
+
+        listed = slurm_cli("jobs", workdir, slurm_env)
+        whose = dict(re.findall(r"^  (\d+) PENDING .*: (live driver pid \d+ on \S+, grid \S+|orphan)$", listed.stdout,
+                                re.M))
+        assert whose.keys() == {job_a, job_b} and whose[job_a].endswith(f"grid {GRID}"), listed.stdout
+        assert whose[job_b].endswith("grid results/grid_b"), listed.stdout
+        cancelled = slurm_cli("cancel", workdir, slurm_env)
+        assert cancelled.returncode == 0 and cancelled.stdout.startswith("0 orphan SLURM job(s)"), cancelled.stdout
+        assert {squeue_state(job_a), squeue_state(job_b)} == {"PENDING"}
+
+        # Grid A's driver dies: its job is an orphan now, grid B's is not.
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait()
+        assert Driver(workdir, slurm_env, [target["a"]], "grid_a_unlock", "--unlock").wait(180) == 0
+        again = Driver(workdir, slurm_env, [target["a"]], "grid_a_again")
+        assert again.wait(180) != 0
+        assert "1 SLURM job(s) of a driver that no longer runs" in again.output, again.tail()
+        left = re.findall(r"^  (\d+) (\w+) rule_.*, grid (\S+)$", again.output, re.M)
+        assert left == [(job_a, "PENDING", GRID)], again.tail()
+        assert not again.submitted()
+        cancelled = slurm_cli("cancel", workdir, slurm_env)
+        assert cancelled.returncode == 0 and cancelled.stdout.startswith("1 orphan SLURM job(s)"), cancelled.stdout
+        assert re.findall(r"^  (\d+) ", cancelled.stdout, re.M) == [job_a], cancelled.stdout
+        assert squeue_state(job_a) == "gone" and squeue_state(job_b) == "PENDING"
+    except BaseException:
+        for driver in drivers:  # a failed check leaves no driver polling behind it
+            if driver.proc.poll() is None:
+                os.killpg(driver.proc.pid, signal.SIGKILL)
+        raise
+    finally:
+        subprocess.run(["scancel", blocker], timeout=60)
+
+    rerun = Driver(workdir, slurm_env, [target["a"]], "grid_a_rerun")
+    assert rerun.wait(300) == 0, rerun.tail()
+    assert b.wait(300) == 0, b.tail()
+    accounting = sacct([job_b, *rerun.submitted()])
+    assert {row["State"] for row in accounting.values()} == {"COMPLETED"}, accounting
+    assert accounting[job_b]["Account"] == slurm_env["ESGRPO_SLURM_ACCOUNT"]  # no -A: the user's default account
+    assert (workdir / target["a"]).exists() and (workdir / target["b"]).exists()
+    assert not list(records.glob("*.json"))  # each finished driver removed its record, the killed one's went too
+
+
+def test_a_cluster_that_requires_an_account_says_so_in_one_line(slurm_env, tmp_path):
+    """A user with no SLURM association (nobody) and no ESGRPO_SLURM_ACCOUNT: the check a driver makes
+    before it submits anything fails with one line naming the variable and what the cluster said."""
+    import tempfile
+
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    assert python, "no system python3 for the user nobody"
+    # The module is standard library only: a copy that nobody can read, outside root's private folders.
+    with tempfile.TemporaryDirectory(dir="/tmp") as public:
+        shutil.copytree(REPO / "src" / "esgrpo", Path(public) / "esgrpo")
+        for path in [Path(public), *Path(public).rglob("*")]:
+            path.chmod(0o755)
+        env = {k: v for k, v in slurm_env.items() if k != "ESGRPO_SLURM_ACCOUNT"} | {"PYTHONPATH": public}
+        out = subprocess.run(["runuser", "-u", "nobody", "--", python, "-m", "esgrpo.workflow.slurm", "check",
+                              "--directory", public], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(
+        "profiles/slurm: this cluster refuses a job without an account ("), out.stderr
+    assert "Invalid account" in out.stderr and "set ESGRPO_SLURM_ACCOUNT" in out.stderr
+    # The same check as this user, whose default account the cluster takes.
+    ok = slurm_cli("check", tmp_path, {k: v for k, v in slurm_env.items() if k != "ESGRPO_SLURM_ACCOUNT"})
+    assert ok.returncode == 0 and ok.stdout.startswith("a SLURM driver may start in"), ok.stdout + ok.stderr

@@ -7,6 +7,7 @@ Every error names the key and what is allowed.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -150,10 +151,10 @@ def _check_model(config: dict, model: str, spec: dict) -> None:
 def _check_trainers(config: dict) -> None:
     """The es and grpo blocks build their trainer's settings (so a typo stops the workflow before any job)."""
     tasks = set(config["tasks"])
+    for block in ("es", "grpo"):
+        if block in config:
+            _check_overridden(block, config[block]["settings"])
     if "es" in config:
-        if "snapshots" in config["es"]["settings"]:
-            raise ConfigError("es.settings.snapshots: list the iterations under es.snapshots (the main ES runs "
-                              "export them and each becomes a run of its own)")
         _check_settings("es.settings", ESConfig, config["es"]["settings"],
                         population_size=config["es"]["population_sizes"][0])
         _check_settings("es.snapshots", ESConfig, config["es"]["settings"],
@@ -169,13 +170,9 @@ def _check_trainers(config: dict) -> None:
     if "grpo" in config:
         _check_settings("grpo.settings", GRPOSettings, config["grpo"]["settings"],
                         num_generations=config["grpo"]["group_sizes"][0])
-    # One key grades training and evaluation alike; a second one per trainer could disagree with it.
-    for key, block in [("es.settings", (config.get("es") or {}).get("settings") or {}),
-                       ("grpo.settings", (config.get("grpo") or {}).get("settings") or {})] + \
-            [(f"models.{m}.eval", spec.get("eval") or {}) for m, spec in config["models"].items()]:
-        if "reward_rules" in block:
-            raise ConfigError(f"{key}.reward_rules: set the rules once for training and evaluation, as "
-                              f"rewards.rules (allowed: {list(RULES)})")
+    for model, spec in config["models"].items():
+        if "reward_rules" in (spec.get("eval") or {}):
+            raise ConfigError(f"models.{model}.eval.reward_rules: set by {OVERRIDDEN['es']['reward_rules']}, not here")
 
 
 def _check_sequential(config: dict) -> None:
@@ -218,8 +215,39 @@ def _check_engine_block(key: str, engine: dict, backend: str, own_arguments: Seq
         raise ConfigError(f"{key}: {own} are set by the engine itself (dtype goes in the block above it)")
 
 
+# Trainer settings that another key of the config sets for every run: a value under `settings` would be
+# overridden without a word. Each names the key to use instead.
+OVERRIDDEN = {
+    "es": {"population_size": "es.population_sizes (the main run is the first)",
+           "seed": "es.seeds", "snapshots": "es.snapshots (the main ES runs export them, each a run of its own)",
+           "reward_rules": f"rewards.rules, once for training and evaluation (allowed: {list(RULES)})"},
+    "grpo": {"num_generations": "grpo.group_sizes (the main run is the first)", "seed": "grpo.seeds",
+             "reward_rules": f"rewards.rules, once for training and evaluation (allowed: {list(RULES)})"},
+}
+# ES settings that the run names set: the main runs' values may be stated, others go to es.ablations.
+MAIN_ES_VALUES = {"normalization": ("zscore", "es.ablations.normalization"),
+                  "antithetic": (False, "es.ablations.antithetic")}
+
+
+def _check_overridden(block: str, settings: dict) -> None:
+    """Refuse a trainer setting that another key overrides, naming the key to use."""
+    for name, use in OVERRIDDEN[block].items():
+        if name in settings:
+            raise ConfigError(f"{block}.settings.{name}: set by {use}, not here")
+    for name, (main, use) in MAIN_ES_VALUES.items() if block == "es" else ():
+        if name in settings and settings[name] != main:
+            raise ConfigError(f"{block}.settings.{name}: the main runs use {main!r}; ablation runs take theirs "
+                              f"from {use}")
+
+
 def _check_settings(key: str, settings_class, settings: dict, **grid_values) -> None:
-    """Build the trainer's settings once so a typo stops the workflow before any job runs."""
+    """Build the trainer's settings once so a typo stops the workflow before any job runs; an unknown key
+    lists the keys allowed here (not those another key sets, OVERRIDDEN)."""
+    fields = {f.name for f in dataclasses.fields(settings_class)}
+    unknown = sorted(set(settings) - fields)
+    if unknown:
+        allowed = sorted(fields - set(OVERRIDDEN[key.split(".")[0]]))
+        raise ConfigError(f"{key}: unknown setting(s) {unknown}; allowed: {allowed}")
     try:
         settings_class.from_dict({**settings, **grid_values})
     except (TypeError, ValueError) as err:

@@ -58,11 +58,26 @@ def fingerprint(config: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _portable(path: str | Path) -> str:
+    """`path` relative to the working directory where it lies under it (so that a moved or renamed
+    checkout, or a copied results folder, still names the same file), else absolute."""
+    path = Path(path).absolute()
+    return str(path.relative_to(Path.cwd())) if path.is_relative_to(Path.cwd()) else str(path)
+
+
 def config_source(configfiles: Sequence[str | Path], config_args: Sequence[str] | None,
                   embedded: str | Path) -> dict[str, list[str]]:
-    """Which config a run reads: its files (absolute; the embedded default when none) and `--config` arguments."""
-    files = [str(Path(f).absolute()) for f in configfiles] or [str(Path(embedded).absolute())]
+    """Which config a run reads: its files (relative to the working directory where they lie under it;
+    the embedded default when none) and `--config` arguments."""
+    files = [_portable(f) for f in configfiles] or [_portable(embedded)]
     return {"configfiles": files, "config_args": [str(a) for a in config_args or []]}
+
+
+def _same_source(recorded: dict[str, list[str]], source: dict[str, list[str]]) -> bool:
+    """Whether a record's source is `source` (a record of absolute paths, as written before they were
+    relative, compares by the paths they name)."""
+    files = [_portable(f) for f in recorded.get("configfiles", [])]
+    return files == source["configfiles"] and recorded.get("config_args", []) == source["config_args"]
 
 
 def _differences(old: Any, new: Any, key: str = "") -> list[str]:
@@ -84,7 +99,8 @@ def _differences(old: Any, new: Any, key: str = "") -> list[str]:
 
 
 def _names(source: dict[str, list[str]]) -> str:
-    files = [Path(f).name for f in source.get("configfiles", [])]
+    """The config files as recorded (paths, not bare names: two config.yaml of two checkouts differ)."""
+    files = list(source.get("configfiles", []))
     return " + ".join(files + [f"--config {a}" for a in source.get("config_args", [])]) or "?"
 
 
@@ -110,7 +126,7 @@ def check_grid_folder(folder: str, config: dict[str, Any], source: dict[str, lis
         raise GridError(f"{path}: not a grid record ({err}); delete it to let this config take the folder") from None
     if recorded == fingerprint(config):
         return False
-    if record.get("source") == source:
+    if _same_source(record.get("source") or {}, source):
         return True
     diff = _differences(settings, grid_settings(config))
     more = f" and {len(diff) - SHOWN_DIFFERENCES} more" if len(diff) > SHOWN_DIFFERENCES else ""

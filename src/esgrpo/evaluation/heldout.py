@@ -49,6 +49,12 @@ def heldout_block(config: dict) -> dict:
     return config.get("heldout_benchmarks") or {}
 
 
+def runtime_minutes(config: dict) -> int:
+    """The SLURM time limit of every benchmark job (`heldout_benchmarks.runtime`): lm-eval's runtime is not
+    modelled by the plan, which takes this limit as the job's runtime."""
+    return int(heldout_block(config).get("runtime", 240))
+
+
 def benchmark_names(config: dict) -> list[str]:
     return list(heldout_block(config).get("benchmarks", {}))
 

@@ -19,6 +19,7 @@ from esgrpo.plan.grid import (
     PlanSettings,
     analysis_job,
     config_jobs,
+    cost_row,
     eval_job,
     gpu_hours_by_rule,
     plan_config,
@@ -31,6 +32,6 @@ from esgrpo.plan.jobs import JobPlan, JobSpec, check_fits, plan_job
 
 __all__ = [
     "GPU_TYPES", "Architecture", "GpuType", "JobPlan", "JobSpec", "PlanError", "PlanSettings", "Planner", "analysis_job",
-    "architecture_for", "check_fits", "config_jobs", "eval_job", "from_config_json", "gpu_hours_by_rule",
+    "architecture_for", "cost_row", "check_fits", "config_jobs", "eval_job", "from_config_json", "gpu_hours_by_rule",
     "gpu_type", "plan_config", "plan_job", "plan_row", "shipped", "total_gpu_hours", "train_job", "write_plan",
 ]

@@ -233,6 +233,10 @@ def architecture_for(config: dict[str, Any], model: str, results: str | Path) ->
     if source.count("/") != 1 or source.startswith((".", "/", "~")):  # not a Hub id: nothing to download
         raise PlanError(f"models.{model}: no architecture for source {source!r}: not a folder with a config.json "
                         f"and not a Hub id (org/name); point source at a model folder in Hugging Face layout")
-    raise PlanError(f"models.{model}: no architecture for source {source!r}: not a local folder with a "
-                    f"config.json, not in the Hugging Face cache, and no file {shipped_file(source)}. "
-                    f"Run `hf download {source} config.json` on the login node, or add an architecture file.")
+    # org/name reads two ways: a folder relative to the working directory, or a Hub id.
+    folder = Path(source).expanduser().resolve()
+    raise PlanError(f"models.{model}: no architecture for source {source!r}: as a folder, {folder} "
+                    f"{'has no config.json' if folder.is_dir() else 'does not exist'}; as a Hub id, it is not in the "
+                    f"Hugging Face cache and there is no file {shipped_file(source)}. For a folder, fix the path "
+                    f"(relative to the working directory); for a Hub id, run `hf download {source} config.json` on "
+                    f"the login node, or add an architecture file.")

@@ -248,10 +248,26 @@ def base_samples_job(config: dict[str, Any], model: str, evaltask: str, arch: Ar
                    eval_batch=int(ev.get("batch_size", 256)), copies=1)
 
 
+def heldout_jobs(config: dict[str, Any], model: str, arch: Architecture, settings: PlanSettings,
+                 lengths: PromptTokens | None = None) -> list[JobSpec]:
+    """heldout_base / heldout_run (rules/heldout.smk): one job per checkpoint and benchmark, on what the
+    checkpoint's evaluation job gets (GPUs, memory), for the block's time limit. Its run is `{run}:{bench}`."""
+    from esgrpo.evaluation import heldout
+
+    limit = heldout.runtime_minutes(config)
+    out = []
+    for task, run in heldout.heldout_checkpoints(config):
+        ev = eval_job(config, model, task, run, arch, settings, lengths)
+        out += [replace(ev, rule="heldout_base" if run == "base" else "heldout_run", run=f"{run}:{bench}",
+                        time_limit=limit) for bench in heldout.benchmark_names(config)]
+    return out
+
+
 def config_jobs(config: dict[str, Any], settings: PlanSettings | None = None,
                 analysis_targets: list[str] | tuple[str, ...] = (),
-                lengths: PromptTokens | None = None) -> list[JobSpec]:
-    """Every training, evaluation and (given their output paths) analysis job of `config`."""
+                lengths: PromptTokens | None = None, heldout: bool = True) -> list[JobSpec]:
+    """Every training, evaluation, held-out benchmark (`heldout`) and (given their output paths) analysis
+    job of `config`."""
     from esgrpo.config import model_eval_tasks
     from esgrpo.runs import planned_runs
 
@@ -264,6 +280,8 @@ def config_jobs(config: dict[str, Any], settings: PlanSettings | None = None,
         jobs += [j for t, r in runs if (j := train_job(config, model, t, r, arch, settings, lengths)) is not None]
         jobs.append(eval_job(config, model, "base", "base", arch, settings, lengths))
         jobs += [eval_job(config, model, t, r, arch, settings, lengths) for t, r in runs]
+        if heldout:
+            jobs += heldout_jobs(config, model, arch, settings, lengths)
     kl_models = set()
     for path in analysis_targets:
         model = Path(path).parts[-4]
@@ -287,6 +305,8 @@ class Planner:
     """The plan of one config for the rules: every job planned once, looked up by its wildcards.
 
         planner = Planner(config, PlanSettings.from_config(config), analysis_targets=ALL_ANALYSIS_TARGETS)
+                                                          # (a target's jobs only: its analyses, heldout=False
+                                                          #  where it runs no held-out benchmark)
         planner.check()                                   # at parse time: PlanError naming every misfit
         planner.plan("train_run", model, task, run)       # a JobPlan (eval_base: task = run = "base";
                                                           #   analyses: their rule, task, and run or "s{seed}")
@@ -295,12 +315,12 @@ class Planner:
     """
 
     def __init__(self, config: dict[str, Any], settings: PlanSettings | None = None,
-                 analysis_targets: list[str] | tuple[str, ...] = ()):
+                 analysis_targets: list[str] | tuple[str, ...] = (), heldout: bool = True):
         self.config = config
         self.settings = settings or PlanSettings.from_config(config)
         self.lengths = PromptTokens(config, self.settings)
         self.jobs = {(j.rule, j.model, j.task, j.run): j
-                     for j in config_jobs(config, self.settings, analysis_targets, self.lengths)}
+                     for j in config_jobs(config, self.settings, analysis_targets, self.lengths, heldout)}
         self._plans: dict[tuple[str, str, str, str], JobPlan] = {}
 
     @property
@@ -415,3 +435,18 @@ def write_plan(plans: list[JobPlan], csv_path: str | Path, md_path: str | Path |
 
 def total_gpu_hours(plans: list[JobPlan]) -> float:
     return math.fsum(p.gpu_hours for p in plans)
+
+
+def cost_row(plans: list[JobPlan], target: str) -> str:
+    """A target's GPU-hours by kind of job: a row of docs/cluster.md's cost table (target (jobs, GPU) |
+    training | evaluation | held-out benchmarks | analyses | total)."""
+    def hours(keep) -> float:
+        return math.fsum(p.gpu_hours for p in plans if keep(p.job))
+
+    gpu = sorted({p.job.gpu_type for p in plans if p.gpu_memory is not None}) or ["host"]
+    training = ", ".join(f"{name} {hours(lambda j, m=method: j.rule == 'train_run' and j.method == m):.1f}"
+                         for name, method in (("ES", "es"), ("GRPO", "grpo")))
+    return (f"| `{target}` ({len(plans)} jobs, {', '.join(gpu)}) | {training} "
+            f"| {hours(lambda j: j.rule in ('eval_base', 'eval_run')):.1f} "
+            f"| {hours(lambda j: j.rule.startswith('heldout_')):.1f} "
+            f"| {hours(lambda j: j.rule.startswith('analysis_')):.1f} | **{total_gpu_hours(plans):.1f}** |")

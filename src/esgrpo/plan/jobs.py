@@ -28,7 +28,7 @@ allocator slack included, against the whole GPU (`check_fits`). A job refused ei
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from esgrpo.plan import host, runtime
@@ -115,6 +115,7 @@ class JobSpec:
     eval_batch: int = 256
     copies: int = 2
     beta: float = 0.0
+    time_limit: int | None = None  # minutes, where the rule asks for a fixed limit (held-out benchmarks)
 
     @property
     def label(self) -> str:
@@ -153,6 +154,8 @@ class JobPlan:
     @property
     def runtime_minutes(self) -> int:
         """The SLURM time limit for attempt 1."""
+        if self.job.time_limit is not None:
+            return self.job.time_limit
         return math.ceil(RUNTIME_FACTOR * self.runtime_s / 60 + RUNTIME_EXTRA_MINUTES)
 
     @property
@@ -216,7 +219,7 @@ def plan_job(job: JobSpec) -> JobPlan:
     if job.method not in METHODS:
         raise PlanError(f"{job.label}: method {job.method!r}; the plan knows {METHODS}")
     if job.device == "cpu" or job.method == "compare":  # on the host only
-        return _plan_cpu(job)
+        return _limited(_plan_cpu(job))
     gpu = gpu_type(job.gpu_type or "")
     if job.method == "es":
         plan = _plan_es_vllm(job, gpu) if job.backend == "vllm" else _plan_es_hf_gpu(job, gpu)
@@ -226,7 +229,12 @@ def plan_job(job: JobSpec) -> JobPlan:
         plan = _plan_eval_vllm(job, gpu) if job.backend == "vllm" else _plan_eval_hf_gpu(job, gpu)
     else:
         plan = _plan_score_gpu(job, gpu)
-    return check_fits(plan)
+    return check_fits(_limited(plan))
+
+
+def _limited(plan: JobPlan) -> JobPlan:
+    """A job with a fixed time limit: its GPUs held for all of it (an upper bound of its GPU-hours)."""
+    return plan if plan.job.time_limit is None else replace(plan, runtime_s=60.0 * plan.job.time_limit)
 
 
 # --------------------------------------------------------------------------- shared pieces

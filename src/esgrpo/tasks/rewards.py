@@ -19,7 +19,7 @@ import ast
 import functools
 import re
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from decimal import Decimal, InvalidOperation
 from fractions import Fraction
 
@@ -468,6 +468,13 @@ def check_rules(rules: str) -> str:
     if rules not in RULES:
         raise ValueError(f"unknown reward rules {rules!r}; allowed: {list(RULES)}")
     return rules
+
+
+def own_graders_under(rules: str, verifiers: Iterable[str]) -> list[str]:
+    """The verifiers among `verifiers` that `rules` (paper_a, paper_b) has no grader of, which the project's
+    own graders then grade (paper B grades maths only; a task added since has none in paper A's code)."""
+    table = _PAPER_RULES.get(check_rules(rules))
+    return [] if table is None else sorted({v for v in verifiers if v not in table})
 
 
 def verifier_for(verifier: str, rules: str = DEFAULT_RULES) -> Callable[[str, str, dict], bool]:
