@@ -196,7 +196,8 @@ def test_two_grids_run_one_after_the_other_in_one_workdir(ci_workflow, tmp_path)
     assert out.returncode != 0
     lines = [line for line in (out.stdout + out.stderr).splitlines() if "results_dir results/ci holds" in line]
     assert len(lines) == 1, out.stdout + out.stderr
-    assert "holds the grid of ci.yaml, and this config (ci_sigma.yaml) has other settings " \
+    # both config files named by path (the recorded one as the grid record holds it)
+    assert f"holds the grid of {CI}, and this config ({clash_file}) has other settings " \
            "(es.settings.sigma: 0.01 -> 0.02)" in lines[0]
     print("\n" + lines[0])
 
