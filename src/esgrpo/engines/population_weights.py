@@ -361,8 +361,8 @@ def _fused_fold(values: MemberValues, parts, norm: str) -> Fold:
     def fold(members, defer):
         k = values.n_members if members is None else len(members)
         fused = (k, sum(widths), shapes[0][1])
-        # one member (the packed layout copies it out): a reused buffer; several: a block of their own
-        w = values.scratch(fused, "fused") if k == 1 else values.take(fused)
+        # a reused buffer: the packed layout (one member) or the bmm layout (all members) copies it out
+        w = values.scratch(fused, "fused")
         start = 0
         for (name, perm, _), width in zip(parts, widths, strict=True):
             values.stack_into(name + ".weight", members, w[:, start:start + width], perm)
