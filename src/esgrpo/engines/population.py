@@ -10,8 +10,10 @@ member axis for small matrices, one packed matmul per member for large ones on a
 low-rank members one matmul shared by all N * B rows plus each member's low-rank term), and the
 rows of member n are its copy of the B prompts (N * B sequences in all). The member weights are
 laid out once per population by `esgrpo.engines.population_weights.prepare_population`, from
-stacked tensors or straight from theta and the seeds (`esgrpo.noise.Population`); this module is
-the forward and the decoding.
+stacked tensors or straight from theta and the seeds (`esgrpo.noise.Population`), into memory a caller
+may keep from call to call (`MemberBuffers`: an ES run's members have the same shapes every iteration, and
+memory of a call's own is faulted in again every call, 1.5-2.3 GB at SmolLM2's shape and N = 4, measured;
+docs/smollm2.md); this module is the forward and the decoding.
 
 Supported: transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (q/k/v biases), fp32
 compute, RMSNorm, rotary embeddings (static rope types), grouped-query attention, SiLU gated
