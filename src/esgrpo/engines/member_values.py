@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -45,9 +46,7 @@ class MemberBuffers:
 
     def take(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
         """The next block of this preparation, as an fp32 tensor of `shape` (contents undefined)."""
-        size = 1
-        for d in shape:
-            size *= int(d)
+        size = math.prod(shape)
         i = self._cursor
         self._cursor += 1
         if i == len(self._blocks):
@@ -66,9 +65,7 @@ class MemberBuffers:
     def grow(self, slot: str, shape: tuple[int, ...], device: torch.device) -> Tensor:
         """A kept fp32 tensor of `shape` for one slot whose shape varies from call to call (the KV cache with
         the prompt length): one block per slot, reallocated only when it needs more elements."""
-        size = 1
-        for d in shape:
-            size *= int(d)
+        size = math.prod(shape)
         key = (slot, ())
         block = self._named.get(key)
         if block is None or block.numel() < size or block.device != device:

@@ -391,8 +391,9 @@ def _generate(model: torch.nn.Module, pw: PopulationWeights, input_ids: Tensor, 
     # Keys are cached transposed, [.., head_dim, slot]: the score matmul q @ K^T is then a plain
     # NN gemm over a contiguous prefix of every (row, kv head) block, measurably faster for tiny heads.
     # Kept with the member weights' buffers: an ES run's next call needs one of about the same size.
-    kcache = pw.buffers.grow("keys", (arch.layers, n, b, nkv, hd, slots), device)
-    vcache = pw.buffers.grow("values", (arch.layers, n, b, nkv, slots, hd), device)
+    kept = pw.buffers if pw.buffers is not None else MemberBuffers()
+    kcache = kept.grow("keys", (arch.layers, n, b, nkv, hd, slots), device)
+    vcache = kept.grow("values", (arch.layers, n, b, nkv, slots, hd), device)
 
     eos = torch.tensor(id_list(eos_token_id), dtype=torch.long, device=device)
     tokens = torch.full((steps, n, b), pad_token_id, dtype=torch.long, device=device)
