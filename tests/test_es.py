@@ -956,3 +956,24 @@ def test_default_evaluator_with_the_population_engine_if_present(tokenizer):
                    generator=torch.Generator().manual_seed(9)) for _ in range(2)]
     np.testing.assert_array_equal(runs[0].fitness, runs[1].fitness)
     assert runs[0].generated_tokens == runs[1].generated_tokens
+
+
+def test_default_evaluator_keeps_its_buffers_without_changing_fitness(tokenizer):
+    """The default evaluator keeps the population engine's buffers from one iteration to the next: fresh
+    members every iteration score exactly as on memory of each call's own."""
+    from esgrpo.engines.population import population_generate
+
+    model = tiny_llama(vocab=len(tokenizer), layers=2)
+    rows = [{"id": str(i), "prompt": [{"role": "user", "content": q}], "answer": "x"}
+            for i, q in enumerate(["1+2", "what is 33?", "7*8 =", "12+3 is what number?"])]
+    theta = theta_from_model(model, trainable_names(model, ["*"]))
+    cfg = ESConfig(population_size=4, sigma=0.5, max_new_tokens=5)
+    verifier = lambda text, row: float(len(text) % 3) / 2  # noqa: E731
+    kept = make_population_evaluator(model, tokenizer, verifier)
+    for it, batch in enumerate([rows[:2], rows[1:], rows[2:]]):
+        seeds = member_seeds(0, it, 4, antithetic=True)
+        fresh = make_population_evaluator(model, tokenizer, verifier, population_generate)
+        got = kept(perturbed_population(theta, seeds, cfg.sigma), batch, cfg)
+        want = fresh(perturbed_population(theta, seeds, cfg.sigma), batch, cfg)
+        np.testing.assert_array_equal(got.fitness, want.fitness)
+        assert got.generated_tokens == want.generated_tokens and got.entropy == want.entropy

@@ -372,3 +372,73 @@ def test_panel_pack_of_deferred_scales_equals_the_scaled_fold_bit_for_bit():
     packed = panel_matmul.pack(deferred.weight[0].clone(), deferred.col[0], deferred.row).data
     scaled = fold([1], False)
     assert torch.equal(packed, panel_matmul.pack(scaled.weight[0]).data)
+
+
+@pytest.mark.parametrize("layout", ["bmm", "packed"])
+@pytest.mark.parametrize("noise", [Noise(), Noise("lowrank", 2)])
+def test_kept_buffers_give_fresh_buffers_results_bit_for_bit(monkeypatch, layout, noise):
+    """An ES run's calls: fresh members every call, prompts of another length, on the buffers kept from the
+    call before: the same tokens, log-probs and entropies as on memory of the call's own, and from the
+    second call on nothing new is allocated."""
+    if layout == "packed":
+        monkeypatch.setattr(pw_module, "PACK_MIN_ELEMENTS", 1)
+        monkeypatch.setattr(pw_module, "SHARED_PACK_MIN_ELEMENTS", 1)
+    model = tiny_model(True, "qwen2")
+    theta = {name: p.detach().clone() for name, p in model.named_parameters()}
+    kept = pop.MemberBuffers()
+    sizes, outs = [], []
+    for call, (seed, length) in enumerate([(31, 7), (32, 5), (33, 9), (34, 7)]):
+        members = Population(theta, [(seed, 1.0), (seed, -1.0), (seed + 100, 1.0), (seed + 100, -1.0)], 0.05, noise)
+        ids, mask = left_padded(length=length, seed=call)
+        fresh = population_generate(model, members, ids, mask, NEW, None, PAD)
+        reused = population_generate(model, members, ids, mask, NEW, None, PAD, buffers=kept)
+        assert_same(reused, fresh, tol=0)
+        sizes.append(kept.nbytes())
+        outs.append(reused.tokens)
+    assert not any(torch.equal(a, b) for a, b in zip(outs[:-1], outs[1:], strict=True))  # fresh members: other tokens
+    # the KV cache grows to the longest prompt (call 2) once; member blocks and scratch never
+    assert sizes[0] > 0 and sizes[1] == sizes[0] and sizes[3] == sizes[2]
+
+
+def test_weights_of_an_earlier_preparation_on_the_same_buffers_are_refused():
+    model = tiny_model(False)
+    kept = pop.MemberBuffers()
+    first = prepare_population(model, population_of(model, Noise()), buffers=kept)
+    ids, mask = left_padded()
+    population_generate(model, first, ids, mask, 2, None, PAD)  # still valid
+    prepare_population(model, population_of(model, Noise(), sigma=0.1), buffers=kept)
+    with pytest.raises(RuntimeError, match="overwritten"):
+        population_generate(model, first, ids, mask, 2, None, PAD)
+
+
+def test_noise_drawn_into_kept_memory_is_the_same_noise():
+    model = tiny_model(False)
+    members = population_of(model, Noise())
+    name = "model.layers.0.mlp.up_proj.weight"
+    fresh = members._noise(21, name).clone()
+    members.forget()
+    kept = torch.full(tuple(fresh.shape), float("nan"))
+    assert members._noise(21, name, lambda shape, slot: kept) is kept
+    assert torch.equal(kept, fresh)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_plan_counts_what_the_engine_keeps(monkeypatch, packed):
+    """`esgrpo.plan.memory.population_kept` against the bytes a real ES call's kept buffers hold."""
+    from esgrpo.plan.architecture import from_config_dict
+    from esgrpo.plan.memory import population_kept
+
+    if packed:
+        monkeypatch.setattr(pw_module, "PACK_MIN_ELEMENTS", 1)
+    config = LlamaConfig(vocab_size=512, hidden_size=96, num_hidden_layers=3, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=256, tie_word_embeddings=True,
+                         max_position_embeddings=64, bos_token_id=None, eos_token_id=None, pad_token_id=PAD)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    theta = {name: p.detach().clone() for name, p in model.named_parameters()}
+    kept = pop.MemberBuffers()
+    ids, mask = left_padded(pads=(0, 2, 5, 1, 0, 3, 0, 1), length=12)
+    population_generate(model, Population(theta, [(5, 1.0), (5, -1.0), (6, 1.0), (6, -1.0)], 0.05, Noise()), ids,
+                        mask, NEW, None, PAD, buffers=kept)
+    planned = sum(population_kept(from_config_dict(config.to_dict(), "t"), 4, 8, 12, NEW).values())
+    assert 0.75 <= planned / kept.nbytes() <= 1.25, (planned, kept.nbytes())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -49,15 +49,18 @@ def _generator(member_seed: int, name: str, device: torch.device | str) -> torch
 
 
 def tensor_noise(member_seed: int, name: str, shape: Sequence[int] | torch.Size,
-                 device: torch.device | str = "cpu") -> Tensor:
-    """Standard normal fp32 noise of one member for one tensor.
+                 device: torch.device | str = "cpu", out: Tensor | None = None) -> Tensor:
+    """Standard normal fp32 noise of one member for one tensor (written into `out`, contiguous fp32 of
+    `shape`, when given: the same values).
 
     Seeded by a mix of the member seed and the tensor's name, so same-shaped tensors get
     independent noise (the public-code trap: one seed for every tensor) and the same call
     always regenerates the same values. CPU and CUDA generators give different streams.
     """
-    return torch.randn(tuple(shape), generator=_generator(member_seed, name, device), dtype=torch.float32,
-                       device=device)
+    generator = _generator(member_seed, name, device)
+    if out is not None:
+        return torch.randn(tuple(shape), generator=generator, out=out)
+    return torch.randn(tuple(shape), generator=generator, dtype=torch.float32, device=device)
 
 
 def lowrank_factors(member_seed: int, name: str, shape: Sequence[int], rank: int,
@@ -86,12 +89,14 @@ class Noise:
         """Whether a tensor of `shape` gets low-rank noise."""
         return self.kind == "lowrank" and len(shape) == 2
 
-    def dense(self, member_seed: int, name: str, shape: Sequence[int], device: torch.device | str = "cpu") -> Tensor:
-        """One member's noise eps for one tensor, as a dense fp32 tensor of `shape`."""
+    def dense(self, member_seed: int, name: str, shape: Sequence[int], device: torch.device | str = "cpu",
+              out: Tensor | None = None) -> Tensor:
+        """One member's noise eps for one tensor, as a dense fp32 tensor of `shape` (into `out` when given)."""
         if self.lowrank(shape):
             a, b = lowrank_factors(member_seed, name, shape, self.rank, device)
-            return (a @ b.T).div_(math.sqrt(self.rank))
-        return tensor_noise(member_seed, name, shape, device)
+            value = (a @ b.T).div_(math.sqrt(self.rank))
+            return value if out is None else out.copy_(value)
+        return tensor_noise(member_seed, name, shape, device, out)
 
     @torch.no_grad()
     def weighted_sum(self, coefficients: Mapping[int, float], name: str, shape: Sequence[int],
@@ -151,12 +156,16 @@ class Population(Mapping):
     def __getitem__(self, name: str) -> Tensor:
         return self.stacked(name).to(self.dtypes.get(name, torch.float32))
 
-    def _noise(self, seed: int, name: str) -> Tensor:
+    def _noise(self, seed: int, name: str, scratch: Callable[[tuple[int, ...], int], Tensor] | None = None) -> Tensor:
+        """The seed's draw for one tensor, cached until another seed's is asked for; drawn into
+        ``scratch(shape, slot)`` when given (slot: how many draws of that shape the cache holds already)."""
         if seed != self._seed:
             self._seed, self._draws = seed, {}
         if name not in self._draws:
             base = self.theta[name]
-            self._draws[name] = self.noise.dense(seed, name, base.shape, base.device)
+            shape = tuple(base.shape)
+            out = None if scratch is None else scratch(shape, sum(d.shape == shape for d in self._draws.values()))
+            self._draws[name] = self.noise.dense(seed, name, shape, base.device, out)
         return self._draws[name]
 
     def forget(self) -> None:

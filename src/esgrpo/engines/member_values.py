@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -11,7 +12,69 @@ from torch import Tensor
 
 from esgrpo.noise import Population
 
-__all__ = ["MemberValues"]
+__all__ = ["MemberBuffers", "MemberValues"]
+
+
+class MemberBuffers:
+    """fp32 memory the population engine keeps from one preparation (and generation) to the next: the packed
+    member matrices, the embedding tables, the noise draws, the scratch and the KV cache. An ES iteration
+    builds N fresh members of the same shapes every time; with these kept, from the second iteration on
+    nothing is allocated or first-touched (the allocator otherwise hands the large blocks back to the
+    system on free and the next call faults them in again, zeroed).
+
+    `start` opens a preparation; its `take` calls are numbered in order, and the i-th gets the i-th kept
+    block again (reallocated only when it needs more elements): the same model and population size take
+    the same blocks in the same order every call. A `PopulationWeights` built on these buffers is valid
+    until the next `start` (`check` says so).
+    """
+
+    def __init__(self) -> None:
+        self._blocks: list[Tensor] = []
+        self._named: dict[tuple[str, tuple[int, ...]], Tensor] = {}
+        self._cursor = 0
+        self.epoch = 0
+
+    def start(self) -> int:
+        """Open a preparation: the blocks are handed out again from the first; returns its epoch."""
+        self._cursor = 0
+        self.epoch += 1
+        return self.epoch
+
+    def check(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            raise RuntimeError("these member weights were overwritten: their buffers were prepared again since")
+
+    def take(self, shape: tuple[int, ...], device: torch.device) -> Tensor:
+        """The next block of this preparation, as an fp32 tensor of `shape` (contents undefined)."""
+        size = math.prod(shape)
+        i = self._cursor
+        self._cursor += 1
+        if i == len(self._blocks):
+            self._blocks.append(torch.empty(size, device=device))
+        elif self._blocks[i].numel() < size or self._blocks[i].device != device:
+            self._blocks[i] = torch.empty(size, device=device)
+        return self._blocks[i][:size].view(shape)
+
+    def named(self, slot: str, shape: tuple[int, ...], device: torch.device) -> Tensor:
+        """A kept fp32 tensor for one (slot, shape), reused by every call that asks for it (scratch)."""
+        key = (slot, tuple(int(d) for d in shape))
+        if key not in self._named or self._named[key].device != device:
+            self._named[key] = torch.empty(key[1], device=device)
+        return self._named[key]
+
+    def grow(self, slot: str, shape: tuple[int, ...], device: torch.device) -> Tensor:
+        """A kept fp32 tensor of `shape` for one slot whose shape varies from call to call (the KV cache with
+        the prompt length): one block per slot, reallocated only when it needs more elements."""
+        size = math.prod(shape)
+        key = (slot, ())
+        block = self._named.get(key)
+        if block is None or block.numel() < size or block.device != device:
+            block = self._named[key] = torch.empty(size, device=device)
+        return block[:size].view(shape)
+
+    def nbytes(self) -> int:
+        """Bytes kept."""
+        return sum(t.numel() * t.element_size() for t in (*self._blocks, *self._named.values()))
 
 
 class MemberValues:
@@ -19,7 +82,8 @@ class MemberValues:
     `Population` (built on demand, rounded to its dtypes as stacking would), or the model's own value
     for every member (a name the source lacks, e.g. a frozen tensor)."""
 
-    def __init__(self, model: torch.nn.Module, stacked: Mapping[str, Tensor] | None, member_rows: Tensor | None):
+    def __init__(self, model: torch.nn.Module, stacked: Mapping[str, Tensor] | None, member_rows: Tensor | None,
+                 buffers: MemberBuffers | None = None):
         self.params = dict(model.named_parameters())
         self.device = next(model.parameters()).device
         self.source = stacked or {}
@@ -40,7 +104,13 @@ class MemberValues:
                      else [int(r) for r in torch.as_tensor(member_rows, dtype=torch.long).reshape(-1)])
         self.n_members = len(self.rows)
         self.lowrank = self.population is not None and self.population.noise.kind == "lowrank"
-        self._scratch: dict[tuple[str, tuple[int, ...]], Tensor] = {}
+        # kept across calls when the caller keeps `buffers`; else for this preparation only
+        self.buffers = buffers if buffers is not None else MemberBuffers()
+        self.buffers.start()
+
+    def take(self, shape: tuple[int, ...]) -> Tensor:
+        """A block of the preparation's memory (`MemberBuffers.take`): member matrices and tables."""
+        return self.buffers.take(shape, self.device)
 
     def stack(self, name: str, members: Sequence[int] | None = None) -> Tensor:
         """[k, *shape] fp32 values of the prepared members `members` (positions, default all); may be an
@@ -64,32 +134,32 @@ class MemberValues:
     def stack_into(self, name: str, members: Sequence[int] | None, out: Tensor, perm: Tensor | None = None) -> Tensor:
         """`stack` written into `out` [k, *shape] (rows permuted by `perm` when given): the same values.
 
-        One fp32 member of a `Population` goes straight from theta and its noise draw into `out` (the add
+        fp32 members of a `Population` go straight from theta and their noise draw into `out` (the add
         into a scratch buffer when rows are permuted), without the member's fresh copy, its permuted copy
         and their concatenation: at SmolLM2-135M's shape those copies were a third of preparing the members.
         """
         picked = self.rows if members is None else [self.rows[m] for m in members]
         pop = self.population
-        if (pop is not None and name in self.source and len(picked) == 1
-                and pop.dtypes.get(name, torch.float32) == torch.float32):
-            seed, sign = pop.seeds_signs[picked[0]]
-            base, noise = pop.theta[name], pop._noise(seed, name)
-            if perm is None:
-                torch.add(base, noise, alpha=sign * pop.sigma, out=out[0])
-            else:
-                scratch = self.scratch(tuple(base.shape))
-                torch.add(base, noise, alpha=sign * pop.sigma, out=scratch)
-                torch.index_select(scratch, 0, perm, out=out[0])
+        if pop is not None and name in self.source and pop.dtypes.get(name, torch.float32) == torch.float32:
+            for i, row in enumerate(picked):  # antithetic partners (adjacent) share the seed's cached draw
+                seed, sign = pop.seeds_signs[row]
+                base, noise = pop.theta[name], pop._noise(seed, name, self._noise_buffer)
+                if perm is None:
+                    torch.add(base, noise, alpha=sign * pop.sigma, out=out[i])
+                else:
+                    scratch = self.scratch(tuple(base.shape))
+                    torch.add(base, noise, alpha=sign * pop.sigma, out=scratch)
+                    torch.index_select(scratch, 0, perm, out=out[i])
             return out
         value = self.stack(name, members)
         return out.copy_(value if perm is None else value[:, perm])
 
+    def _noise_buffer(self, shape: tuple[int, ...], slot: int) -> Tensor:
+        return self.scratch(shape, f"noise {slot}")
+
     def scratch(self, shape: tuple[int, ...], slot: str = "member") -> Tensor:
         """A reusable fp32 buffer of `shape` (one per shape and slot): callers copy out of it before reuse."""
-        key = (slot, shape)
-        if key not in self._scratch:
-            self._scratch[key] = torch.empty(shape, dtype=torch.float32, device=self.device)
-        return self._scratch[key]
+        return self.buffers.named(slot, shape, self.device)
 
     def forget(self) -> None:
         """Drop the population's cached noise draws (kept only across one matrix's members)."""

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["PANEL", "Panels", "available", "kernel_name", "matmul", "pack", "unavailable_reason"]
+__all__ = ["PANEL", "Panels", "available", "kernel_name", "matmul", "pack", "panels_shape", "unavailable_reason"]
 
 PANEL = 24  # columns of a panel (NR in panel_matmul.c)
 SOURCE = Path(__file__).with_name("panel_matmul.c")
@@ -118,9 +118,15 @@ def kernel_name(device: torch.device | str = "cpu") -> str:
     return "panel (esgrpo.engines.panel_matmul)" if available() else f"oneDNN packed ({unavailable_reason()})"
 
 
-def pack(w: Tensor, col: Tensor | None = None, row: Tensor | None = None) -> Panels:
+def panels_shape(out: int, inp: int) -> tuple[int, int, int]:
+    """The shape of `Panels.data` for an [out, in] matrix."""
+    return -(-out // PANEL), inp, PANEL
+
+
+def pack(w: Tensor, col: Tensor | None = None, row: Tensor | None = None, data: Tensor | None = None) -> Panels:
     """[out, in] fp32 (CPU) -> the panels of (w * col[None, :]) * row[:, None] (each scale optional, the
-    products rounded as torch rounds those two multiplies)."""
+    products rounded as torch rounds those two multiplies); written into `data` (contiguous fp32 of
+    `panels_shape`, every element overwritten) when given."""
     if w.dtype != torch.float32 or w.dim() != 2 or w.device.type != "cpu":
         raise ValueError(f"pack takes a 2-D fp32 CPU matrix, not {tuple(w.shape)} {w.dtype} on {w.device}")
     out, inp = w.shape
@@ -130,7 +136,10 @@ def pack(w: Tensor, col: Tensor | None = None, row: Tensor | None = None) -> Pan
             raise ValueError(f"{name} scale {tuple(scale.shape)} {scale.dtype} is not fp32 [{size}] on {w.device}")
         scales.append(None if scale is None else scale.contiguous())
     w = w.contiguous()
-    data = torch.empty(-(-out // PANEL), inp, PANEL)
+    if data is None:
+        data = torch.empty(panels_shape(out, inp))
+    elif tuple(data.shape) != panels_shape(out, inp) or not data.is_contiguous() or data.dtype != torch.float32:
+        raise ValueError(f"data {tuple(data.shape)} {data.dtype} is not a contiguous fp32 {panels_shape(out, inp)}")
     _library()[0].esgrpo_panel_pack(w.data_ptr(), out, inp, *(None if t is None else t.data_ptr() for t in scales),
                                    data.data_ptr())
     return Panels(data, out, inp)

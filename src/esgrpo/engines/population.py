@@ -10,8 +10,10 @@ member axis for small matrices, one packed matmul per member for large ones on a
 low-rank members one matmul shared by all N * B rows plus each member's low-rank term), and the
 rows of member n are its copy of the B prompts (N * B sequences in all). The member weights are
 laid out once per population by `esgrpo.engines.population_weights.prepare_population`, from
-stacked tensors or straight from theta and the seeds (`esgrpo.noise.Population`); this module is
-the forward and the decoding.
+stacked tensors or straight from theta and the seeds (`esgrpo.noise.Population`), into memory a caller
+may keep from call to call (`MemberBuffers`: an ES run's members have the same shapes every iteration, and
+memory of a call's own is faulted in again every call, 1.5-2.3 GB at SmolLM2's shape and N = 4, measured;
+docs/smollm2.md); this module is the forward and the decoding.
 
 Supported: transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (q/k/v biases), fp32
 compute, RMSNorm, rotary embeddings (static rope types), grouped-query attention, SiLU gated
@@ -78,6 +80,7 @@ from esgrpo.engines import groups
 from esgrpo.engines.population_weights import (
     Arch,
     Layer,
+    MemberBuffers,
     PopulationWeights,
     arch_of,
     check_window,
@@ -89,6 +92,7 @@ from esgrpo.engines.rollout import id_list, lengths_through_eos
 from esgrpo.noise import Population
 
 __all__ = [
+    "MemberBuffers",
     "PopulationOutput",
     "member_groups",
     "PopulationWeights",
@@ -311,7 +315,7 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
                         eos_token_id: int | Sequence[int] | None, pad_token_id: int,
                         temperature: float = 0.0, top_p: float = 1.0,
                         generator: torch.Generator | None = None,
-                        member_rows: Tensor | None = None) -> PopulationOutput:
+                        member_rows: Tensor | None = None, buffers: MemberBuffers | None = None) -> PopulationOutput:
     """Generate from N members at once; all members see the same B left-padded prompts.
 
     stacked: ``{name: [N, *param.shape]}`` for the parameters of ``model.named_parameters()``
@@ -324,6 +328,8 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
     temperature + top-p sampling drawn from `generator`.
     member_rows: optional indices of the members to run (see `prepare_population`); ignored when
     `stacked` is already a `PopulationWeights`.
+    buffers: memory the caller keeps from call to call (`MemberBuffers`; an ES run makes fresh members of
+    the same shapes every iteration: then nothing is allocated after the first call); None: this call's own.
 
     Full-rank members whose weights exceed `groups.GROUP_BYTES` together run in groups of members, one
     group's weights at a time (`member_groups`): decoding is memory-bound per member anyway at such
@@ -333,7 +339,7 @@ def population_generate(model: torch.nn.Module, stacked: Mapping[str, Tensor] | 
     if isinstance(stacked, PopulationWeights):
         return _generate(model, stacked, *args)
     groups = member_groups(model, stacked, member_rows)
-    outs = [_generate(model, prepare_population(model, stacked, rows, rows=input_ids.shape[0]), *args)
+    outs = [_generate(model, prepare_population(model, stacked, rows, rows=input_ids.shape[0], buffers=buffers), *args)
             for rows in groups]
     if len(outs) == 1:
         return outs[0]
@@ -375,6 +381,7 @@ def _generate(model: torch.nn.Module, pw: PopulationWeights, input_ids: Tensor, 
         empty = torch.zeros(n, b, 0, device=device)
         return PopulationOutput(empty.long(), torch.zeros(n, b, dtype=torch.long, device=device), empty, empty)
     check_window(model, t + steps)
+    pw.check()
     nkv, hd = arch.kv_heads, arch.head_dim
     slots = t + steps - 1  # the last generated token is never fed back
 
@@ -383,8 +390,10 @@ def _generate(model: torch.nn.Module, pw: PopulationWeights, input_ids: Tensor, 
 
     # Keys are cached transposed, [.., head_dim, slot]: the score matmul q @ K^T is then a plain
     # NN gemm over a contiguous prefix of every (row, kv head) block, measurably faster for tiny heads.
-    kcache = torch.empty(arch.layers, n, b, nkv, hd, slots, device=device)
-    vcache = torch.empty(arch.layers, n, b, nkv, slots, hd, device=device)
+    # Kept with the member weights' buffers: an ES run's next call needs one of about the same size.
+    kept = pw.buffers if pw.buffers is not None else MemberBuffers()
+    kcache = kept.grow("keys", (arch.layers, n, b, nkv, hd, slots), device)
+    vcache = kept.grow("values", (arch.layers, n, b, nkv, slots, hd), device)
 
     eos = torch.tensor(id_list(eos_token_id), dtype=torch.long, device=device)
     tokens = torch.full((steps, n, b), pad_token_id, dtype=torch.long, device=device)

@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from esgrpo.engines import panel_matmul
-from esgrpo.engines.member_values import MemberValues
+from esgrpo.engines.member_values import MemberBuffers, MemberValues
 
-__all__ = ["Arch", "Embedding", "arch_of", "Layer", "Linear", "PopulationWeights", "check_window", "member_bytes",
-           "prepare_population", "stack_members"]
+__all__ = ["Arch", "Embedding", "arch_of", "Layer", "Linear", "MemberBuffers", "PopulationWeights", "check_window",
+           "member_bytes", "prepare_population", "stack_members"]
 
 # Per-member matrices of at least this many elements use oneDNN's packed layout on a CPU (below it, a
 # packed call per member costs more than one bmm over all members). Measured with 4-16 members, 8-32
@@ -150,12 +150,13 @@ def packing_available(device: torch.device) -> bool:
         torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")))
 
 
-def _pack(w_out_in: Tensor, rows: int) -> Tensor | panel_matmul.Panels:
+def _pack(w_out_in: Tensor, rows: int, values: MemberValues) -> Tensor | panel_matmul.Panels:
     """One [out, in] matrix packed: as panels for `esgrpo.engines.panel_matmul` where it runs (1.4-1.7x
-    oneDNN's FLOP/s at 8-16 rows, measured there), else in oneDNN's blocked layout for about `rows`
-    rows per call (the hint picks the blocking; 8-32 gave the same speed for 8-1280 rows, measured)."""
+    oneDNN's FLOP/s at 8-16 rows, measured there), into a block of the preparation's kept memory; else in
+    oneDNN's blocked layout for about `rows` rows per call (the hint picks the blocking; 8-32 gave the same
+    speed for 8-1280 rows, measured; oneDNN allocates it)."""
     if panel_matmul.available(w_out_in.device):
-        return panel_matmul.pack(w_out_in)
+        return panel_matmul.pack(w_out_in, data=values.take(panel_matmul.panels_shape(*w_out_in.shape)))
     return torch.ops.mkldnn._reorder_linear_weight(w_out_in.contiguous(), max(1, int(rows)))
 
 
@@ -267,7 +268,7 @@ class PopulationWeights:
     """Member weights laid out for `population_generate`; build with `prepare_population`.
 
     Reusable across calls with the same members (several prompt batches), which saves the noise and
-    the layout work that preparing costs.
+    the layout work that preparing costs; when built on kept `MemberBuffers`, until those are prepared again.
     """
 
     n_members: int
@@ -276,6 +277,13 @@ class PopulationWeights:
     layers: list[Layer]
     head: Linear  # final norm folded (full rank)
     norm: Tensor | None = None  # [N, 1, H]: the final norm weights when not folded (low rank)
+    buffers: MemberBuffers | None = None  # the kept memory these weights live in, and its preparation
+    epoch: int = 0
+
+    def check(self) -> None:
+        """Raise if the buffers were prepared again since (these weights overwritten)."""
+        if self.buffers is not None:
+            self.buffers.check(self.epoch)
 
 
 def member_bytes(arch: Arch) -> int:
@@ -310,13 +318,15 @@ def _per_member(fold: Fold, out: int, inp: int, values: MemberValues, rows: int)
         weights, biases = [], []
         for m in range(values.n_members):  # fold and pack one member at a time: it stays in cache
             f = fold([m], panels)
-            weights.append(panel_matmul.pack(f.weight[0], None if f.col is None else f.col[0], f.row) if panels
-                           else _pack(f.weight[0], rows))
+            weights.append(panel_matmul.pack(f.weight[0], None if f.col is None else f.col[0], f.row,
+                                             values.take(panel_matmul.panels_shape(out, inp))) if panels
+                           else _pack(f.weight[0], rows, values))
             biases.append(f.bias)
         values.forget()
         return Linear(weights, None if biases[0] is None else torch.cat(biases))
     f = fold(None, False)
-    return Linear(f.weight.transpose(1, 2).contiguous(), f.bias)  # [N, in, out]: x @ w is a plain NN gemm
+    w = values.take((values.n_members, inp, out)).copy_(f.weight.transpose(1, 2))  # x @ w: a plain NN gemm
+    return Linear(w, f.bias)
 
 
 def _qkv_parts(arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor) -> list[tuple[str, Tensor | None, float]]:
@@ -351,8 +361,8 @@ def _fused_fold(values: MemberValues, parts, norm: str) -> Fold:
     def fold(members, defer):
         k = values.n_members if members is None else len(members)
         fused = (k, sum(widths), shapes[0][1])
-        # one member (the packed layout copies it out): a reused buffer; several: a tensor of their own
-        w = values.scratch(fused, "fused") if k == 1 else torch.empty(fused, device=values.device)
+        # a reused buffer: the packed layout (one member) or the bmm layout (all members) copies it out
+        w = values.scratch(fused, "fused")
         start = 0
         for (name, perm, _), width in zip(parts, widths, strict=True):
             values.stack_into(name + ".weight", members, w[:, start:start + width], perm)
@@ -401,7 +411,7 @@ def _full_layer(values: MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_k
 def _full_members(values: MemberValues, arch: Arch, perm_q: Tensor, perm_k: Tensor, rows: int) -> PopulationWeights:
     layers = [_full_layer(values, arch, i, perm_q, perm_k, rows) for i in range(arch.layers)]
     n, v, h = values.n_members, arch.vocab, arch.hidden
-    table = values.stack(f"{arch.prefix}.embed_tokens.weight").contiguous().view(n * v, h)
+    table = values.stack_into(f"{arch.prefix}.embed_tokens.weight", None, values.take((n, v, h))).view(n * v, h)
     norm = f"{arch.prefix}.norm.weight"
 
     def head(members, defer):  # a tied head is the member's embedding table (built: no second noise draw)
@@ -425,10 +435,10 @@ def _full_members(values: MemberValues, arch: Arch, perm_q: Tensor, perm_k: Tens
 
 
 def _shared_linear(base: Tensor, bias: Tensor | None, down: Tensor | None, up: Tensor | None, rows: int,
-                   device: torch.device) -> Linear:
+                   values: MemberValues) -> Linear:
     """A [out, in] matrix every member shares, packed from `SHARED_PACK_MIN_ELEMENTS` on a CPU."""
-    if packing_available(device) and base.numel() >= SHARED_PACK_MIN_ELEMENTS:
-        return Linear([_pack(base, rows)], bias, down, up)
+    if packing_available(values.device) and base.numel() >= SHARED_PACK_MIN_ELEMENTS:
+        return Linear([_pack(base, rows, values)], bias, down, up)
     return Linear(base.T.contiguous().unsqueeze(0), bias, down, up)
 
 
@@ -447,14 +457,14 @@ def _lowrank_linear(values: MemberValues, parts, bias: Tensor | None, rows: int)
         start += w.shape[0]
     base = torch.cat(bases, dim=0)
     if not downs:
-        return _shared_linear(base, bias, None, None, rows, values.device)
+        return _shared_linear(base, bias, None, None, rows, values)
     down = torch.cat(downs, dim=2).contiguous()
     up = torch.zeros(down.shape[0], down.shape[2], start, device=values.device)
     col = 0
     for first, block in ups:
         up[:, col:col + block.shape[1], first:first + block.shape[2]] = block
         col += block.shape[1]
-    return _shared_linear(base, bias, down, up, rows, values.device)
+    return _shared_linear(base, bias, down, up, rows, values)
 
 
 def _lowrank_layer(values: MemberValues, arch: Arch, i: int, perm_q: Tensor, perm_k: Tensor, rows: int) -> Layer:
@@ -491,14 +501,15 @@ def _lowrank_members(values: MemberValues, arch: Arch, perm_q: Tensor, perm_k: T
                       None if b is None else b.transpose(1, 2).contiguous())
     if not arch.tied:
         table, a, b = values.shared("lm_head.weight")
-    head = _shared_linear(table, None, b, None if a is None else a.transpose(1, 2).contiguous(), rows, values.device)
+    head = _shared_linear(table, None, b, None if a is None else a.transpose(1, 2).contiguous(), rows, values)
     return PopulationWeights(n_members=n, arch=arch, embed=embed, layers=layers, head=head,
                              norm=values.stack(f"{p}.norm.weight").unsqueeze(1).contiguous())
 
 
 @torch.no_grad()
 def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | None,
-                       member_rows: Tensor | None = None, rows: int = 8) -> PopulationWeights:
+                       member_rows: Tensor | None = None, rows: int = 8,
+                       buffers: MemberBuffers | None = None) -> PopulationWeights:
     """Fuse and lay out member weights once per call (or once per population).
 
     stacked: ``{name: [N, *param.shape]}``, an `esgrpo.noise.Population` (members built here in the
@@ -507,9 +518,12 @@ def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | N
     member_rows: optional 1-D indices into the member axis: only those members are prepared
     (in that order), e.g. to re-evaluate a subset without restacking.
     rows: the rows per member of a decode step (the prompts), the packed layout's size hint.
+    buffers: memory kept by the caller across preparations (`MemberBuffers`: an ES run prepares fresh
+    members of the same shapes every iteration); the weights of the previous preparation on them are
+    overwritten. None: memory of this preparation's own.
     """
     arch = arch_of(model)
-    values = MemberValues(model, stacked, member_rows)
+    values = MemberValues(model, stacked, member_rows, buffers)
     perm_q = _rope_perm(arch.head_dim, arch.heads).to(values.device)
     perm_k = _rope_perm(arch.head_dim, arch.kv_heads).to(values.device)
     if values.lowrank:
@@ -517,4 +531,5 @@ def prepare_population(model: torch.nn.Module, stacked: Mapping[str, Tensor] | N
     else:
         out = _full_members(values, arch, perm_q, perm_k, rows)
     values.forget()
+    out.buffers, out.epoch = values.buffers, values.buffers.epoch
     return out

@@ -14,6 +14,7 @@ workflow uses: population-batched generation, then the reward function.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -187,16 +188,23 @@ def make_population_evaluator(model: torch.nn.Module, tokenizer: Any, verifier: 
     reward scheme and format bonus); a completion counts as a success when its reward >= 1.
     generate_fn: ``generate_fn(model, stacked, input_ids, attention_mask, max_new_tokens,
     eos_token_ids (a list), pad_token_id, temperature, top_p, generator)`` returning ``.tokens`` [N,B,L],
-    ``.lengths`` [N,B] and ``.entropies`` [N,B,L]; default `esgrpo.engines.population.population_generate`.
+    ``.lengths`` [N,B] and ``.entropies`` [N,B,L]; default `esgrpo.engines.population.population_generate`
+    on member buffers kept from one evaluation to the next (fresh members of the same shapes every iteration:
+    nothing allocated or first-touched after the first).
     A sequential population (an iterator of member dicts) is run one member at a time as N=1.
     prompt_chunk bounds how many prompts one generation call holds (memory).
     """
+
+    kept = {}
 
     def evaluate(population: Members, prompt_rows: Sequence[Row], cfg: ESConfig,
                  generator: torch.Generator | None = None) -> FitnessResult:
         gen_fn = generate_fn
         if gen_fn is None:
-            from esgrpo.engines.population import population_generate as gen_fn
+            from esgrpo.engines.population import MemberBuffers, population_generate
+
+            buffers = kept.setdefault("buffers", MemberBuffers())
+            gen_fn = functools.partial(population_generate, buffers=buffers)
         scorer = _Scorer(model, tokenizer, verifier, gen_fn, cfg, generator)
         texts = [_prompt_text(tokenizer, row) for row in prompt_rows]
         chunk = prompt_chunk or len(texts)

@@ -15,6 +15,7 @@ from esgrpo.plan.memory import (
     es_update_bytes,
     hf_generation,
     population_generation,
+    population_kept,
     training_activations,
 )
 
@@ -74,8 +75,9 @@ def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: 
     """Phases of `esgrpo.es.loop.train_es` on the transformers backend, everything in host memory.
 
     `esgrpo.es.hf_backend.HFESBackend` keeps the model, the fp32 starting point theta0 and the fp32
-    master theta (two clones); an iteration adds the population (`memory.population_generation`);
-    the update (`esgrpo.es.ops.apply_update`) and the distance from theta0 work one tensor at a time
+    master theta (two clones); an iteration adds the population (`memory.population_generation`), whose
+    buffers stay through the update (`memory.population_kept`: the next iteration reuses them); the update
+    (`esgrpo.es.ops.apply_update`) and the distance from theta0 work one tensor at a time
     (`memory.es_update_bytes`). Loading maps the checkpoint file while the model is built.
     """
     p = arch.parameters
@@ -86,7 +88,8 @@ def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: 
         "load": {**{k: v for k, v in base.items() if k != "theta0 and theta (fp32)"},
                  "checkpoint file (mapped)": p * 4},
         "generate": {**base, **population_generation(arch, members, prompts, prompt, new)},
-        "update": {**base, "update or distance of one tensor": es_update_bytes(arch, "hf", theta0_here=True)},
+        "update": {**base, **population_kept(arch, members, prompts, prompt, new),
+                   "update or distance of one tensor": es_update_bytes(arch, "hf", theta0_here=True)},
     }
 
 

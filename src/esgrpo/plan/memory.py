@@ -328,27 +328,39 @@ def hf_generation(arch: Architecture, sequences: int, prompt: int, new: int, act
     }
 
 
-def population_generation(arch: Architecture, members: int, prompts: int, prompt: int, new: int) -> dict[str, int]:
-    """ES on the transformers backend (`esgrpo.engines.population.population_generate`), full-rank members.
+def population_kept(arch: Architecture, members: int, prompts: int, prompt: int, new: int) -> dict[str, int]:
+    """What the population engine keeps from one ES iteration to the next (`esgrpo.engines.member_values.
+    MemberBuffers`, held by the default evaluator of `esgrpo.es.hf_backend`), full-rank members.
 
     The members are built from theta and their seeds in the engine's fp32 layout (`prepare_population`),
     never stacked: one group of them at a time (`esgrpo.engines.groups`), each member holding every layer,
-    its embedding table and its head; the largest fold intermediate (lm_head or a layer's gate/up block,
-    all of a group's members at once on the bmm layout); the preallocated fp32 KV cache of N x B rows; the
-    step's logits and their log-softmax. Low-rank members (`ESConfig.noise`) share one copy of the
-    matrices and need less: this is their bound too. Members are rounded to the model's dtype but held in fp32.
+    its embedding table and its head; the scratch of one member's build (the noise draw of the largest
+    tensor, the embedding table, and a fused gate/up block with its two parts' draws); the fp32 KV cache of
+    N x B rows. Low-rank members (`ESConfig.noise`) share one copy of the matrices and keep less: this is
+    their bound too. Members are rounded to the model's dtype but held in fp32.
     """
     n, h, v = members, arch.hidden_size, arch.vocab_size
     per_member = 4 * (arch.num_hidden_layers * arch.layer_parameters + 2 * v * h)
     group = member_group_size(n, per_member)
     slots = prompt + new - 1
-    rows = n * prompts
     return {
-        "population (one group of members, fp32 layout)": group * per_member,
-        "population (fold intermediate)": group * 4 * max(v * h, 4 * h * arch.intermediate_size),
-        "KV cache (population)": arch.num_hidden_layers * rows * slots * 2 * arch.kv_dim * 4,
+        "population (one group of members, fp32 layout, kept)": group * per_member,
+        "population (one member's noise and fold scratch, kept)": 4 * (v * h + 4 * h * arch.intermediate_size),
+        "KV cache (population, kept)": arch.num_hidden_layers * n * prompts * slots * 2 * arch.kv_dim * 4,
+    }
+
+
+def population_generation(arch: Architecture, members: int, prompts: int, prompt: int, new: int) -> dict[str, int]:
+    """ES on the transformers backend (`esgrpo.engines.population.population_generate`), full-rank members:
+    what it keeps (`population_kept`), the step's logits and their log-softmax, the prefill's attention scores
+    and, for an untied head, one member's head being built (its noise, the member and the folded copy)."""
+    rows = members * prompts
+    v, h = arch.vocab_size, arch.hidden_size
+    return {
+        **population_kept(arch, members, prompts, prompt, new),
         "generation logits": 4 * rows * v * 4,
         "prefill attention scores": min(256 * MIB, rows * arch.num_attention_heads * prompt * prompt * 4),
+        **({} if arch.tie_word_embeddings else {"untied head of one member (noise, member, fold)": 3 * 4 * v * h}),
     }
 
 
