@@ -6,8 +6,10 @@
 # lm-eval job kind), the runtime from the block.
 
 
-wildcard_constraints:
-    bench=_alternatives(HELDOUT_BENCHMARKS) if HELDOUT_BENCHMARKS else "(?!)",
+# Each rule's own constraint, not a global one: global constraints declared after a rule (the train and eval
+# rules) rewrite its outputs under a default storage provider without their constraints (Snakemake 9.27,
+# Rule.update_wildcard_constraints), and train_run and es_snapshot then both match a snapshot run.
+BENCH_PATTERN = _alternatives(HELDOUT_BENCHMARKS) if HELDOUT_BENCHMARKS else "(?!)"
 
 
 rule heldout_base:
@@ -25,6 +27,8 @@ rule heldout_base:
         f"{RESULTS}/logs/{{model}}/base/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/base/heldout_{{bench}}.tsv"
+    wildcard_constraints:
+        bench=BENCH_PATTERN,
     threads: planned("eval_base", "threads", 1)
     resources:
         mem_mb=planned("eval_base", "mem_mb", 4000),
@@ -53,6 +57,8 @@ rule heldout_run:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.tsv"
+    wildcard_constraints:
+        bench=BENCH_PATTERN,
     threads: planned("eval_run", "threads", 1)
     resources:
         mem_mb=planned("eval_run", "mem_mb", 4000),
