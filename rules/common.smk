@@ -25,7 +25,7 @@ from esgrpo.runs import (
     reward_rules_setting,
     run_spec,
 )
-from esgrpo.workflow import slurm
+from esgrpo.workflow import progress_store, slurm
 
 check_config(config)
 # Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included.
@@ -47,6 +47,12 @@ TASKS = list(config["tasks"])
 # Live training curves (esgrpo.live): the logging block reaches the training jobs through the
 # environment, not as a rule parameter, so that changing where the curves go retrains nothing.
 os.environ[LIVE_ENV] = json.dumps({**config["logging"], "root": f"{RESULTS}/tensorboard"})
+# Under a default storage provider (no shared filesystem: Kubernetes, cloud batch) the training jobs keep their
+# progress folders in that storage too, so that a killed job resumes on another node (esgrpo.workflow.progress_store).
+_PROGRESS_STORE = progress_store.store_setting(workflow.storage_settings.default_storage_provider,
+                                               workflow.storage_settings.default_storage_prefix)
+if _PROGRESS_STORE:
+    os.environ[progress_store.ENV] = _PROGRESS_STORE
 
 # Every job's software under `--software-deployment-method conda`: the pinned CPU or GPU env.
 SOFTWARE_ENV = f"../envs/{software_env(config)}.yaml"
