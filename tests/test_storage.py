@@ -155,12 +155,16 @@ def test_progress_store_fetches_only_whole_checkpoints(s3, tmp_path, monkeypatch
     (folder / "step-00000004").mkdir()
     (folder / "step-00000004" / "state.json").write_text('{"iteration": 4}')
     shutil.rmtree(folder / "step-00000002")
+    (folder / "checkpoint-5").mkdir()  # TRL's, being written: no trainer_state.json yet, so no marker
+    (folder / "checkpoint-5" / "model.safetensors").write_text("w")
     store.store()
     client.put_object(Bucket=BUCKET, Key="unit/progress/run/step-00000006/state.json", Body=b"{}")
-    assert sorted(keys(client, "unit/")) == ["unit/progress/run/run.json", "unit/progress/run/step-00000004.stored",
+    assert sorted(keys(client, "unit/")) == ["unit/progress/run/checkpoint-5/model.safetensors",
+                                             "unit/progress/run/run.json", "unit/progress/run/step-00000004.stored",
                                              "unit/progress/run/step-00000004/state.json",
                                              "unit/progress/run/step-00000006/state.json"]
     shutil.rmtree("progress")
     assert ProgressStore(folder, "s3", f"s3://{BUCKET}/unit").fetch() == ["run.json", "step-00000004"]
     assert (folder / "step-00000004" / "state.json").read_text() == '{"iteration": 4}'
-    assert not (folder / "step-00000006").exists() and not (folder / "writer.lock").exists()
+    assert not (folder / "step-00000006").exists() and not (folder / "checkpoint-5").exists()
+    assert not (folder / "writer.lock").exists()

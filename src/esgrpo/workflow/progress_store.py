@@ -7,8 +7,8 @@ would stay on the node or pod that ran the killed job. So the training job mirro
 
 - before training, the stored folder is fetched into the (empty) local one;
 - while training, a thread looks at the local folder every few seconds and stores what changed: the run's files
-  (run.json, metrics) and each new whole checkpoint, whose marker `<name>.stored` is stored after its files,
-  and removes the checkpoints the trainer removed. A checkpoint fetched is one whose marker is there: a job
+  (run.json, metrics) and each new whole checkpoint (its state file written: STATE_FILES), whose marker
+  `<name>.stored` is stored after its files, and removes the checkpoints the trainer removed. A checkpoint fetched is one whose marker is there: a job
   killed while storing leaves a checkpoint without marker, never a partial one that a resume would read.
 
 rules/common.smk names the provider and the prefix at parse time (ENV); the job reads the provider's settings
@@ -31,6 +31,9 @@ from esgrpo.checkpoint import LOCK_NAME
 ENV = "ESGRPO_PROGRESS_STORE"
 MARKER = ".stored"
 _SKIPPED_PREFIX = ".tmp-"  # esgrpo.checkpoint's checkpoints and locks being written
+# A checkpoint's last file: ES writes state.json before the folder takes its name (esgrpo.checkpoint), TRL writes
+# trainer_state.json last (esgrpo.grpo.trainer._complete). Stored last, and the marker only once it is there.
+STATE_FILES = ("state.json", "trainer_state.json")
 
 
 def store_setting(provider: str | None, prefix: str | None) -> str | None:
@@ -121,10 +124,11 @@ class ProgressStore:
                 self._store_file(path)
         for path in entries:
             if path.is_dir():
-                for file in sorted(f for f in path.rglob("*") if f.is_file()):
+                files = sorted((f for f in path.rglob("*") if f.is_file()), key=lambda f: (f.name in STATE_FILES, f))
+                for file in files:
                     self._store_file(file)
                 marker = f"{path.name}{MARKER}"
-                if marker not in self._stored:
+                if marker not in self._stored and any(f.name in STATE_FILES for f in files):
                     local = self._scratch / marker
                     local.write_text("")
                     self._object(marker, local).store_object()
