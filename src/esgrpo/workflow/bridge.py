@@ -40,9 +40,9 @@ def _as_inputs(value, inputs: list[str]):
     if isinstance(value, list):
         return [_as_inputs(v, inputs) for v in value]
     if isinstance(value, str) and "/" in value and not value.startswith("/") and value not in inputs:
-        fetched = [path for path in inputs if path.endswith(f"/{value}")]
+        fetched = {path for path in inputs if path.endswith(f"/{value}")}
         if len(fetched) == 1:
-            return fetched[0]
+            return fetched.pop()
     return value
 
 
