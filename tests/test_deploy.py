@@ -66,7 +66,7 @@ def deployed(tmp_path_factory):
 
 def test_deployed_workflow_runs_the_ci_grid(deployed):
     clone, dest = deployed
-    run = snakemake(dest, "--cores", "2", clone=clone, timeout=1500)
+    run = snakemake(dest, "--cores", "2", clone=clone, timeout=2400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
     results = dest / "results" / "ci"
     for name in ("base_passk", "a_accuracy", "b_passk", "claims"):

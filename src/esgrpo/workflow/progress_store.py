@@ -124,7 +124,10 @@ class ProgressStore:
                 self._store_file(path)
         for path in entries:
             if path.is_dir():
-                files = sorted((f for f in path.rglob("*") if f.is_file()), key=lambda f: (f.name in STATE_FILES, f))
+                try:
+                    files = sorted((f for f in path.rglob("*") if f.is_file()), key=lambda f: (f.name in STATE_FILES, f))
+                except FileNotFoundError:  # removed by the trainer meanwhile
+                    continue
                 for file in files:
                     self._store_file(file)
                 marker = f"{path.name}{MARKER}"
@@ -148,7 +151,12 @@ class ProgressStore:
         except FileNotFoundError:  # removed by the trainer meanwhile
             return
         if self._stored.get(name) != signature:
-            self._object(name, path).store_object()
+            try:
+                self._object(name, path).store_object()
+            except Exception:
+                if path.exists():
+                    raise
+                return  # an older checkpoint the trainer removed while it was being stored: the next pass drops it
             self._stored[name] = signature
 
     # -- while training
