@@ -131,7 +131,9 @@ class ProgressStore:
                 for file in files:
                     self._store_file(file)
                 marker = f"{path.name}{MARKER}"
-                if marker not in self._stored and any(f.name in STATE_FILES for f in files):
+                whole = any(f.name in STATE_FILES and f.relative_to(self.folder).as_posix() in self._stored
+                            for f in files)
+                if marker not in self._stored and whole and path.is_dir():
                     local = self._scratch / marker
                     local.write_text("")
                     self._object(marker, local).store_object()
