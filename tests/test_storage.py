@@ -62,8 +62,8 @@ def s3(tmp_path_factory):
 def on_s3(workdir: Path, prefix: str, env: dict, configfile: Path, *args: str) -> list[str]:
     """The snakemake command of a run whose every file goes through S3 under s3://esgrpo-ci/<prefix>."""
     return [str(BIN / "snakemake"), "-s", str(REPO / "Snakefile"), "-d", str(workdir), f"--configfile={configfile}",
-            "--cores", "2", "--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{BUCKET}/{prefix}",
-            "--shared-fs-usage", "none", *args]
+            "--default-storage-provider", "s3", "--default-storage-prefix", f"s3://{BUCKET}/{prefix}",
+            "--shared-fs-usage", "none", "--cores", "2", *args]  # --cores ends --shared-fs-usage's list
 
 
 def run(cmd: list[str], env: dict, timeout: int) -> subprocess.CompletedProcess:
@@ -112,7 +112,7 @@ def test_killed_training_resumes_from_the_checkpoint_in_storage(s3, tmp_path):
     for key in keys(client, progress):  # the grid's own run of it (3 iterations)
         client.delete_object(Bucket=BUCKET, Key=key)
 
-    cmd = on_s3(work, prefix, env, configfile, "--forcerun", "train_run", target)
+    cmd = on_s3(work, prefix, env, configfile, "--forcerun=train_run", target)
     with open(tmp_path / "killed.log", "w") as log:
         driver = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
