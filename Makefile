@@ -64,17 +64,23 @@ rehearsal: $(VLLM_VENV)/.rehearsal
 run: install
 	$(VENV)/bin/snakemake --cores all
 
-# Three stages, each printing its wall time: the unit suite in .venv (neither vLLM nor Slurm), then the real
+# Five stages, each printing its wall time: the unit suite in .venv (neither vLLM nor Slurm), then the real
 # components: the Slurm tests (`-m slurm`, through the real sbatch of scripts/slurm_local.sh; they skip
-# without one unless ESGRPO_REQUIRE_SLURM=1, as .ci/run sets) and the vLLM tests (`-m vllm`) in .venv-vllm
+# without one unless ESGRPO_REQUIRE_SLURM=1, as .ci/run sets), the CI grid deployed elsewhere with
+# snakedeploy (`-m deploy`) and on S3 storage without a shared filesystem (`-m storage`, moto's server on
+# localhost; docs/cluster.md, "Kubernetes and cloud batch"), and the vLLM tests (`-m vllm`) in .venv-vllm
 # on vLLM's CPU build, where ESGRPO_REQUIRE_VLLM=1 makes a vLLM that does not import fail them
 # (docs/cluster.md, "Trying the vLLM paths without a GPU"). Every stage runs; the target fails if any did.
 test: install vllm-env
 	@fail=0; \
-	start=$$(date +%s); $(PY) -m pytest -q --durations=12 -m "not vllm and not slurm" || fail=1; \
+	start=$$(date +%s); $(PY) -m pytest -q --durations=12 -m "not vllm and not slurm and not deploy and not storage" || fail=1; \
 	  echo "unit stage (.venv): $$(( $$(date +%s) - start )) s"; \
 	start=$$(date +%s); $(PY) -m pytest -q -m slurm || fail=1; \
 	  echo "Slurm stage (.venv, local Slurm): $$(( $$(date +%s) - start )) s"; \
+	start=$$(date +%s); $(PY) -m pytest -q -m deploy || fail=1; \
+	  echo "deploy stage (.venv, snakedeploy into another folder): $$(( $$(date +%s) - start )) s"; \
+	start=$$(date +%s); $(PY) -m pytest -q -m storage || fail=1; \
+	  echo "storage stage (.venv, S3 on localhost, no shared filesystem): $$(( $$(date +%s) - start )) s"; \
 	start=$$(date +%s); ESGRPO_REQUIRE_VLLM=1 $(VPY) -m pytest -q -m vllm || fail=1; \
 	  echo "vLLM stage (.venv-vllm): $$(( $$(date +%s) - start )) s"; \
 	exit $$fail

@@ -7,7 +7,8 @@ from snakemake.utils import min_version, validate
 from esgrpo.config import ConfigError, schema_error
 from esgrpo.grids import results_folder
 
-min_version("9.0")
+# The Snakemake every environment pins and the test suite runs (envs/*.yaml; tests/test_catalog.py).
+min_version("9.27")
 
 
 # `--configfile X` REPLACES the embedded default instead of being merged into it (Snakemake
@@ -16,6 +17,14 @@ if not workflow.overwrite_configfiles:
 
     configfile: "config.yaml"
 
+
+# Used as a module (snakedeploy, `module ... use rule * from`), the config is the deploying workflow's: none
+# at all stops here with one line, not with the schema's first missing key.
+if not config:
+    raise ConfigError(
+        "the config is empty or missing: give a config file (config/config.yaml of a deployed workflow, "
+        "or --configfile=configs/ci.yaml); config.yaml of the workflow is the embedded default"
+    )
 
 # Defaults filled from the schema. Snakemake's own message would print the failing part of the schema
 # and of the config (all of both for a top-level key): one line naming the key instead.
@@ -28,6 +37,10 @@ except WorkflowError as err:
 
 # The grid's folder: every rule writes under it (rules/common.smk RESULTS; esgrpo.grids).
 config["results_dir"] = results_folder(config.get("results_dir"), workflow.overwrite_configfiles)
+
+
+# The report's front page (`snakemake --report`; README, "The report").
+report: "report/workflow.rst"
 
 
 include: "rules/common.smk"

@@ -28,7 +28,7 @@ from esgrpo.runs import (
 from esgrpo.pins import model_snapshot_folder
 from esgrpo.tasks.registry import get_task
 from esgrpo.tasks.rewards import own_graders_under
-from esgrpo.workflow import slurm
+from esgrpo.workflow import progress_store, slurm
 
 check_config(config)
 # Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included,
@@ -42,8 +42,11 @@ logger.info(f"Reward rules: {config['rewards']['rules']} (rewards.rules; docs/re
 # that holds another config's grid with other settings stops the parse here, before any job runs
 # (esgrpo.grids); the record is written when jobs start (onstart: write_grid_folder_record).
 RESULTS = config["results_dir"]
+# This workflow's own folder: workflow.basedir is the deploying workflow's when this one is a module
+# (snakedeploy, `module ... use rule * from`); the folder of this file is always this workflow's.
+WORKFLOW_DIR = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parent
 GRID_SOURCE = config_source(workflow.overwrite_configfiles, workflow.config_settings.config_args,
-                            Path(workflow.basedir) / "config.yaml")
+                            WORKFLOW_DIR / "config.yaml")
 GRID_RECORD_DUE = check_grid_folder(RESULTS, config, GRID_SOURCE)
 MODELS = list(config["models"])
 TASKS = list(config["tasks"])
@@ -51,13 +54,20 @@ TASKS = list(config["tasks"])
 # Live training curves (esgrpo.live): the logging block reaches the training jobs through the
 # environment, not as a rule parameter, so that changing where the curves go retrains nothing.
 os.environ[LIVE_ENV] = json.dumps({**config["logging"], "root": f"{RESULTS}/tensorboard"})
+# Under a default storage provider (no shared filesystem: Kubernetes, cloud batch) the training jobs keep their
+# progress folders in that storage too, so that a killed job resumes on another node (esgrpo.workflow.progress_store).
+_PROGRESS_STORE = progress_store.store_setting(workflow.storage_settings.default_storage_provider,
+                                               workflow.storage_settings.default_storage_prefix)
+if _PROGRESS_STORE:
+    os.environ[progress_store.ENV] = _PROGRESS_STORE
 
 # Every job's software under `--software-deployment-method conda`: the pinned CPU or GPU env.
 SOFTWARE_ENV = f"../envs/{software_env(config)}.yaml"
 # Jobs import esgrpo from this checkout, also inside a conda env built from envs/*.yaml (an env
-# file cannot pip-install the checkout itself).
-_SRC = str(Path(workflow.basedir) / "src")
-if _SRC not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+# file cannot pip-install the checkout itself). A module read from a URL has no checkout: there the
+# installed package serves (README, "Usage").
+_SRC = str(WORKFLOW_DIR / "src")
+if Path(_SRC).is_dir() and _SRC not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ.update(PYTHONPATH=os.pathsep.join(filter(None, [_SRC, os.environ.get("PYTHONPATH")])))
 
 
@@ -386,13 +396,19 @@ def sized(name, value):
     return resource
 
 
+GPU_RESOURCES = ("gpu", "cpus_per_gpu", "gpu_model")
+
+
 def planned(rule, name, cpu_default):
     """The input function of resource `name` (mem_mb, runtime, threads, gpu, gpu_model) of `rule`: the
     plan's (JobPlan.resources: threads = the CPUs the job asks for, 1 per job on a CPU, plan.cpus_per_gpu
-    per GPU); `cpu_default` in a CPU-only config; mem_mb and runtime grow with the attempt (retry_size)."""
+    per GPU); `cpu_default` in a CPU-only config; mem_mb and runtime grow with the attempt (retry_size); the GPU
+    resources left unset where 0 or empty."""
 
     def resource(wildcards, attempt):
         value = PLANNER.resources(*plan_key(rule, wildcards))[name] if PLAN_SIZES_JOBS else cpu_default
+        if name in GPU_RESOURCES and not value:
+            return None  # unset: the Kubernetes executor refuses a `gpu` without a manufacturer, even 0
         return retry_size(name, value, attempt)
 
     resource.__name__ = f"{rule}_{name}"

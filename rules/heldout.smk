@@ -6,8 +6,10 @@
 # evaluation job (the plan has no lm-eval job kind), the block's runtime as the time limit.
 
 
-wildcard_constraints:
-    bench=_alternatives(HELDOUT_BENCHMARKS) if HELDOUT_BENCHMARKS else "(?!)",
+# Each rule's own constraint, not a global one: global constraints declared after a rule (the train and eval
+# rules) rewrite its outputs under a default storage provider without their constraints (Snakemake 9.27,
+# Rule.update_wildcard_constraints), and train_run and es_snapshot then both match a snapshot run.
+BENCH_PATTERN = _alternatives(HELDOUT_BENCHMARKS) if HELDOUT_BENCHMARKS else "(?!)"
 
 
 rule heldout_base:
@@ -25,6 +27,8 @@ rule heldout_base:
         f"{RESULTS}/logs/{{model}}/base/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/base/heldout_{{bench}}.tsv"
+    wildcard_constraints:
+        bench=BENCH_PATTERN,
     threads: planned("heldout_base", "threads", 1)
     resources:
         mem_mb=planned("heldout_base", "mem_mb", 4000),
@@ -53,6 +57,8 @@ rule heldout_run:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.tsv"
+    wildcard_constraints:
+        bench=BENCH_PATTERN,
     threads: planned("heldout_run", "threads", 1)
     resources:
         mem_mb=planned("heldout_run", "mem_mb", 4000),

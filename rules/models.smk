@@ -40,7 +40,7 @@ rule base_fingerprint:
         build=f"{RESULTS}/{{model}}/base/build.json",
         eval=f"{RESULTS}/{{model}}/base/eval.json",
         prompts=f"{RESULTS}/{{model}}/base/eval_prompts.jsonl",
-        reference=str(Path(workflow.basedir) / "docs" / "base_reference.json"),
+        reference=workflow.source_path("../docs/base_reference.json"),
     output:
         fingerprint=f"{RESULTS}/{{model}}/base/fingerprint.json",
     log:

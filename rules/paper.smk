@@ -20,6 +20,7 @@ for _table, _category in PAPER_TABLES.items():
                 caption=f"../report/{_table}.rst",
                 category=_category,
                 subcategory="tables",
+                labels={"paper": _category, "kind": "table", "name": _table},
             ),
         params:
             stage=_table,
@@ -46,6 +47,7 @@ for _figure, _category in PAPER_FIGURES.items():
                 caption=f"../report/{_figure}.rst",
                 category=_category,
                 subcategory="figures",
+                labels={"paper": _category, "kind": "figure", "name": _figure},
             ),
             pdf=f"{RESULTS}/figures/{_figure}.pdf",
         params:

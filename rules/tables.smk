@@ -14,12 +14,14 @@ rule table_base_passk:
             caption="../report/base_passk.rst",
             category="Base model",
             subcategory="tables",
+            labels={"paper": "Base model", "kind": "table", "name": "base_passk"},
         ),
         figure=report(
             f"{RESULTS}/figures/base_passk.png",
             caption="../report/base_passk_figure.rst",
             category="Base model",
             subcategory="figures",
+            labels={"paper": "Base model", "kind": "figure", "name": "base_passk"},
         ),
         figure_pdf=f"{RESULTS}/figures/base_passk.pdf",
     log:

@@ -105,7 +105,7 @@ def ci_workflow(tmp_path_factory) -> Path:
 
 
 # The wall time of the stages CI reports (.ci/run): every phase of the tests of each marker, summed.
-STAGE_MARKERS = ("slurm", "vllm")
+STAGE_MARKERS = ("slurm", "vllm", "deploy", "storage")
 _STAGES: dict[str, dict[str, float]] = {}
 
 

@@ -32,6 +32,29 @@ def _plain(value):
     return value
 
 
+def _as_inputs(value, inputs: list[str]):
+    """Every parameter string that names an input file (a model folder, say), as the job's path of that input:
+    the same string on a shared filesystem; under a default storage provider the local copy Snakemake fetched
+    (`.snakemake/storage/<provider>/<bucket>/<prefix>/<path>`), which the path the rules name is the end of."""
+    if isinstance(value, dict):
+        return {k: _as_inputs(v, inputs) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_as_inputs(v, inputs) for v in value]
+    if isinstance(value, str) and "/" in value and not value.startswith("/") and value not in inputs:
+        fetched = {path for path in inputs if path.endswith(f"/{value}")}
+        if len(fetched) == 1:
+            return fetched.pop()
+    return value
+
+
+def _paths(value) -> list[str]:
+    if isinstance(value, dict):
+        return [p for v in value.values() for p in _paths(v)]
+    if isinstance(value, list):
+        return [p for v in value for p in _paths(v)]
+    return [value] if isinstance(value, str) else []
+
+
 @dataclass(frozen=True)
 class StageCall:
     """One job's stage call in plain data: what `run_stage` runs here or in a job-server child."""
@@ -43,8 +66,10 @@ class StageCall:
 
     @classmethod
     def from_snakemake(cls, smk, stage: str) -> StageCall:
-        kwargs = {"input": _plain(dict(smk.input.items())), "output": _plain(dict(smk.output.items())),
-                  "params": _plain(dict(smk.params.items())), "wildcards": dict(smk.wildcards.items()),
+        inputs = _plain(dict(smk.input.items()))
+        params = _as_inputs(_plain(dict(smk.params.items())), _paths(inputs))
+        kwargs = {"input": inputs, "output": _plain(dict(smk.output.items())),
+                  "params": params, "wildcards": dict(smk.wildcards.items()),
                   "threads": int(smk.threads or 1)}
         return cls(stage, kwargs, smk.log[0] if len(smk.log) else None,
                    int(getattr(smk.resources, "gpu", 0) or 0))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from contextlib import nullcontext
 from pathlib import Path
 
 from esgrpo.checkpoint import WriterLock
@@ -13,6 +14,7 @@ from esgrpo.live import live_settings
 from esgrpo.models.loading import load_model
 from esgrpo.provenance import provenance
 from esgrpo.tasks.rewards import reward
+from esgrpo.workflow.progress_store import ProgressStore
 from esgrpo.workflow.stages.data import load_rows
 
 
@@ -25,43 +27,46 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
     print(f"{method} on {wildcards['task']} from {params['init_model']}: {settings}", flush=True)
     # the config's logging block, through the environment (esgrpo.live.live_settings says why)
     live = live_settings(wildcards["model"], wildcards["task"], wildcards["run"], {"method": method, **settings})
-    if method == "es":
-        from esgrpo.es.loop import train_es
-        from esgrpo.es.settings import ESConfig
+    # Without a shared filesystem the progress folder lives in the workflow's storage too (a default storage
+    # provider: esgrpo.workflow.progress_store): fetched before training, stored as checkpoints appear.
+    with ProgressStore.from_env(progress_dir) or nullcontext():
+        if method == "es":
+            from esgrpo.es.loop import train_es
+            from esgrpo.es.settings import ESConfig
 
-        cfg = ESConfig.from_dict(settings)
+            cfg = ESConfig.from_dict(settings)
 
-        def reward_fn(text: str, row: dict) -> float:
-            return reward(verifier, text, row["answer"], row["meta"], cfg.reward_scheme, cfg.format_bonus,
-                          cfg.reward_rules)
+            def reward_fn(text: str, row: dict) -> float:
+                return reward(verifier, text, row["answer"], row["meta"], cfg.reward_scheme, cfg.format_bonus,
+                              cfg.reward_rules)
 
-        # The folder's writer lock before the engines start: a held folder stops the job in seconds.
-        with WriterLock(progress_dir):
-            if params.get("es_backend", "hf") == "vllm":
-                backend = vllm_backend(params["init_model"], rows, cfg, reward_fn, params.get("es_engine") or {})
+            # The folder's writer lock before the engines start: a held folder stops the job in seconds.
+            with WriterLock(progress_dir):
+                if params.get("es_backend", "hf") == "vllm":
+                    backend = vllm_backend(params["init_model"], rows, cfg, reward_fn, params.get("es_engine") or {})
+                else:
+                    from esgrpo.engines.panel_matmul import kernel_name
+                    from esgrpo.es.hf_backend import HFESBackend, make_population_evaluator
+
+                    dtype = params.get("dtype", "float32")
+                    model, tokenizer = load_model(params["init_model"], dtype=dtype)
+                    # Below fp32 the loaded weights are rounded: theta0 comes from the checkpoint's own tensors.
+                    backend = HFESBackend(model, tokenizer, make_population_evaluator(model, tokenizer, reward_fn),
+                                          master_from=None if dtype == "float32" else params["init_model"])
+                summary = train_es(backend, rows, cfg, out_dir, progress_dir, live=live)
+                if params.get("es_backend", "hf") != "vllm":  # the population engine's matmul: kernels round differently
+                    summary["member_matmul"] = kernel_name(next(model.parameters()).device)
+        elif method == "grpo":
+            from esgrpo.grpo.settings import GRPOSettings
+
+            grpo = GRPOSettings.from_dict(settings)
+            if grpo.num_processes > 1:  # one process per GPU of the job, through accelerate (DDP, ZeRO-3 or FSDP)
+                from esgrpo.grpo.launch import launch_grpo as train_grpo
             else:
-                from esgrpo.engines.panel_matmul import kernel_name
-                from esgrpo.es.hf_backend import HFESBackend, make_population_evaluator
-
-                dtype = params.get("dtype", "float32")
-                model, tokenizer = load_model(params["init_model"], dtype=dtype)
-                # Below fp32 the loaded weights are rounded: theta0 comes from the checkpoint's own tensors.
-                backend = HFESBackend(model, tokenizer, make_population_evaluator(model, tokenizer, reward_fn),
-                                      master_from=None if dtype == "float32" else params["init_model"])
-            summary = train_es(backend, rows, cfg, out_dir, progress_dir, live=live)
-            if params.get("es_backend", "hf") != "vllm":  # the population engine's matmul: kernels round differently
-                summary["member_matmul"] = kernel_name(next(model.parameters()).device)
-    elif method == "grpo":
-        from esgrpo.grpo.settings import GRPOSettings
-
-        grpo = GRPOSettings.from_dict(settings)
-        if grpo.num_processes > 1:  # one process per GPU of the job, through accelerate (DDP, ZeRO-3 or FSDP)
-            from esgrpo.grpo.launch import launch_grpo as train_grpo
+                from esgrpo.grpo.trainer import train_grpo
+            summary = train_grpo(params["init_model"], rows, verifier, grpo, out_dir, progress_dir, live=live)
         else:
-            from esgrpo.grpo.trainer import train_grpo
-        summary = train_grpo(params["init_model"], rows, verifier, grpo, out_dir, progress_dir, live=live)
-    else:
-        raise ValueError(f"run {wildcards['run']}: unknown method {method!r}; allowed: es, grpo")
+            raise ValueError(f"run {wildcards['run']}: unknown method {method!r}; allowed: es, grpo")
     write_json(output["summary"], {**summary, "method": method, "init_model": params["init_model"],
                                    "labels": params.get("labels", {}),
                                    "provenance": provenance(params, settings.get("seed"))})
