@@ -72,6 +72,6 @@ onerror:
 
 
 rule all:
+    default_target: True
     input:
         all_targets(),
-    default_target: True

@@ -16,15 +16,12 @@ rule analysis_drift:
         init=init_model_files,
     output:
         csv=f"{ANALYSIS_DIR}/{{model}}/drift/{{task}}/{{run}}.csv",
-    params:
-        base_model=base_model_ref,
-        model=run_model,
-        init_model=init_model_ref,
-        method=run_method,
     log:
         f"{RESULTS}/logs/analysis/{{model}}/drift/{{task}}/{{run}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/drift/{{task}}/{{run}}.tsv"
+    conda:
+        SOFTWARE_ENV
     threads: planned("analysis_drift", "threads", 1)
     resources:
         mem_mb=planned("analysis_drift", "mem_mb", 4000),
@@ -32,8 +29,11 @@ rule analysis_drift:
         gpu=planned("analysis_drift", "gpu", 0),
         cpus_per_gpu=planned("analysis_drift", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_drift", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
+    params:
+        base_model=base_model_ref,
+        model=run_model,
+        init_model=init_model_ref,
+        method=run_method,
     script:
         "../workflow_scripts/analysis_drift.py"
 
@@ -49,13 +49,13 @@ rule analysis_theory:
         f"{RESULTS}/logs/analysis/{{model}}/theory/{{task}}/{{run}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/theory/{{task}}/{{run}}.tsv"
+    localrule: True
+    conda:
+        SOFTWARE_ENV
     threads: 1
     resources:
         mem_mb=1000,
         runtime=5,
-    localrule: True
-    conda:
-        SOFTWARE_ENV
     script:
         "../workflow_scripts/analysis_theory.py"
 
@@ -66,15 +66,14 @@ rule analysis_cosine:
         models=analysis_cosine_models,
     output:
         csv=f"{ANALYSIS_DIR}/{{model}}/cosine/{{task}}/s{{seed}}.csv",
-    params:
-        base_model=base_model_ref,
-        pairs=analysis_cosine_pairs,
-    wildcard_constraints:
-        seed=r"\d+",
     log:
         f"{RESULTS}/logs/analysis/{{model}}/cosine/{{task}}/s{{seed}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/cosine/{{task}}/s{{seed}}.tsv"
+    wildcard_constraints:
+        seed=r"\d+",
+    conda:
+        SOFTWARE_ENV
     threads: planned("analysis_cosine", "threads", 1)
     resources:
         mem_mb=planned("analysis_cosine", "mem_mb", 4000),
@@ -82,8 +81,9 @@ rule analysis_cosine:
         gpu=planned("analysis_cosine", "gpu", 0),
         cpus_per_gpu=planned("analysis_cosine", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_cosine", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
+    params:
+        base_model=base_model_ref,
+        pairs=analysis_cosine_pairs,
     script:
         "../workflow_scripts/analysis_cosine.py"
 
@@ -95,17 +95,12 @@ rule analysis_sparsity:
         model=run_model,
     output:
         csv=f"{ANALYSIS_DIR}/{{model}}/sparsity/{{task}}/{{run}}.csv",
-    params:
-        base_model=base_model_ref,
-        model=run_model,
-        method=run_method,
-        fractions=ANALYSIS["sparsity_fractions"],
-        eval_tasks=judged_tasks,
-        eval=analysis_eval,
     log:
         f"{RESULTS}/logs/analysis/{{model}}/sparsity/{{task}}/{{run}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/sparsity/{{task}}/{{run}}.tsv"
+    conda:
+        SOFTWARE_ENV
     threads: planned("analysis_sparsity", "threads", 1)
     resources:
         mem_mb=planned("analysis_sparsity", "mem_mb", 4000),
@@ -113,8 +108,13 @@ rule analysis_sparsity:
         gpu=planned("analysis_sparsity", "gpu", 0),
         cpus_per_gpu=planned("analysis_sparsity", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_sparsity", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
+    params:
+        base_model=base_model_ref,
+        model=run_model,
+        method=run_method,
+        fractions=ANALYSIS["sparsity_fractions"],
+        eval_tasks=judged_tasks,
+        eval=analysis_eval,
     script:
         "../workflow_scripts/analysis_sparsity.py"
 
@@ -125,16 +125,12 @@ rule analysis_base_samples:
         test=f"{RESULTS}/data/{{evaltask}}/test.jsonl",
     output:
         samples=f"{ANALYSIS_DIR}/{{model}}/base_samples/{{evaltask}}.jsonl",
-    params:
-        base_model=base_model_ref,
-        kl=analysis_kl_settings,
-        dtype=engine_dtype,
-        device=engine_device,
-        batch_size=base_samples_batch_size,
     log:
         f"{RESULTS}/logs/analysis/{{model}}/base_samples/{{evaltask}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/analysis/{{model}}/base_samples/{{evaltask}}.tsv"
+    conda:
+        SOFTWARE_ENV
     threads: planned("analysis_base_samples", "threads", 1)
     resources:
         mem_mb=planned("analysis_base_samples", "mem_mb", 2000),
@@ -142,8 +138,12 @@ rule analysis_base_samples:
         gpu=planned("analysis_base_samples", "gpu", 0),
         cpus_per_gpu=planned("analysis_base_samples", "cpus_per_gpu", 0),
         gpu_model=planned("analysis_base_samples", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
+    params:
+        base_model=base_model_ref,
+        kl=analysis_kl_settings,
+        dtype=engine_dtype,
+        device=engine_device,
+        batch_size=base_samples_batch_size,
     script:
         "../workflow_scripts/analysis_base_samples.py"
 
@@ -155,6 +155,19 @@ rule analysis_kl:
         samples=kl_base_samples,
     output:
         csv=f"{ANALYSIS_DIR}/{{model}}/kl/{{task}}/{{run}}.csv",
+    log:
+        f"{RESULTS}/logs/analysis/{{model}}/kl/{{task}}/{{run}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/analysis/{{model}}/kl/{{task}}/{{run}}.tsv"
+    conda:
+        SOFTWARE_ENV
+    threads: planned("analysis_kl", "threads", 1)
+    resources:
+        mem_mb=planned("analysis_kl", "mem_mb", 4000),
+        runtime=planned("analysis_kl", "runtime", 30),
+        gpu=planned("analysis_kl", "gpu", 0),
+        cpus_per_gpu=planned("analysis_kl", "cpus_per_gpu", 0),
+        gpu_model=planned("analysis_kl", "gpu_model", ""),
     params:
         base_model=base_model_ref,
         model=run_model,
@@ -163,19 +176,6 @@ rule analysis_kl:
         kl=analysis_kl_settings,
         dtype=engine_dtype,
         device=engine_device,
-    log:
-        f"{RESULTS}/logs/analysis/{{model}}/kl/{{task}}/{{run}}.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/analysis/{{model}}/kl/{{task}}/{{run}}.tsv"
-    threads: planned("analysis_kl", "threads", 1)
-    resources:
-        mem_mb=planned("analysis_kl", "mem_mb", 4000),
-        runtime=planned("analysis_kl", "runtime", 30),
-        gpu=planned("analysis_kl", "gpu", 0),
-        cpus_per_gpu=planned("analysis_kl", "cpus_per_gpu", 0),
-        gpu_model=planned("analysis_kl", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
     script:
         "../workflow_scripts/analysis_kl.py"
 
@@ -189,6 +189,21 @@ rule analysis_interpolation:
     output:
         csv=f"{ANALYSIS_DIR}/{{model}}/interpolation/{{task}}/s{{seed}}.csv",
         json=f"{ANALYSIS_DIR}/{{model}}/interpolation/{{task}}/s{{seed}}.json",
+    log:
+        f"{RESULTS}/logs/analysis/{{model}}/interpolation/{{task}}/s{{seed}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/analysis/{{model}}/interpolation/{{task}}/s{{seed}}.tsv"
+    wildcard_constraints:
+        seed=r"\d+",
+    conda:
+        SOFTWARE_ENV
+    threads: planned("analysis_interpolation", "threads", 1)
+    resources:
+        mem_mb=planned("analysis_interpolation", "mem_mb", 4000),
+        runtime=planned("analysis_interpolation", "runtime", 120),
+        gpu=planned("analysis_interpolation", "gpu", 0),
+        cpus_per_gpu=planned("analysis_interpolation", "cpus_per_gpu", 0),
+        gpu_model=planned("analysis_interpolation", "gpu_model", ""),
     params:
         base_model=base_model_ref,
         es_model=pair_es_model,
@@ -198,20 +213,5 @@ rule analysis_interpolation:
         steps=ANALYSIS["interpolation_steps"],
         multiples=ANALYSIS["scan_multiples"],
         random_seed=ANALYSIS["random_direction_seed"],
-    wildcard_constraints:
-        seed=r"\d+",
-    log:
-        f"{RESULTS}/logs/analysis/{{model}}/interpolation/{{task}}/s{{seed}}.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/analysis/{{model}}/interpolation/{{task}}/s{{seed}}.tsv"
-    threads: planned("analysis_interpolation", "threads", 1)
-    resources:
-        mem_mb=planned("analysis_interpolation", "mem_mb", 4000),
-        runtime=planned("analysis_interpolation", "runtime", 120),
-        gpu=planned("analysis_interpolation", "gpu", 0),
-        cpus_per_gpu=planned("analysis_interpolation", "cpus_per_gpu", 0),
-        gpu_model=planned("analysis_interpolation", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
     script:
         "../workflow_scripts/analysis_interpolation.py"

@@ -11,7 +11,14 @@ from snakemake.logging import logger
 from esgrpo.live import ENV as LIVE_ENV
 from esgrpo.analysis.settings import analysis_config, analysis_eval_settings, main_run_seeds, next_seed
 from esgrpo.evaluation import heldout
-from esgrpo.config import check_config, judged_on, model_eval_tasks, model_warmup_tasks, software_env, task_splits
+from esgrpo.config import (
+    check_config,
+    judged_on,
+    model_eval_tasks,
+    model_warmup_tasks,
+    software_env,
+    task_splits,
+)
 from esgrpo.grids import check_grid_folder, config_source, write_grid_record
 from esgrpo.plan import Planner, PlanSettings, cost_row, plan_row, total_gpu_hours
 from esgrpo.report import planning as paper_planning
@@ -34,9 +41,14 @@ check_config(config)
 # Whose rules grade this grid's training and evaluation (docs/rewards.md): said once, dry runs included,
 # with the verifiers of this config's tasks that those rules have no grader of (the project's grade them).
 _OWN_GRADERS = own_graders_under(config["rewards"]["rules"], [get_task(t).verifier for t in config["tasks"]])
-logger.info(f"Reward rules: {config['rewards']['rules']} (rewards.rules; docs/rewards.md)"
-            + (f"; the project's graders for verifier(s) {_OWN_GRADERS}, which those rules do not grade"
-               if _OWN_GRADERS else ""))
+logger.info(
+    f"Reward rules: {config['rewards']['rules']} (rewards.rules; docs/rewards.md)"
+    + (
+        f"; the project's graders for verifier(s) {_OWN_GRADERS}, which those rules do not grade"
+        if _OWN_GRADERS
+        else ""
+    )
+)
 
 # The grid's folder (config `results_dir`, set by the Snakefile): every output lives under it. A folder
 # that holds another config's grid with other settings stops the parse here, before any job runs
@@ -45,8 +57,9 @@ RESULTS = config["results_dir"]
 # This workflow's own folder: workflow.basedir is the deploying workflow's when this one is a module
 # (snakedeploy, `module ... use rule * from`); the folder of this file is always this workflow's.
 WORKFLOW_DIR = Path(workflow.current_basedir.get_path_or_uri(secret_free=True)).parent
-GRID_SOURCE = config_source(workflow.overwrite_configfiles, workflow.config_settings.config_args,
-                            WORKFLOW_DIR / "config.yaml")
+GRID_SOURCE = config_source(
+    workflow.overwrite_configfiles, workflow.config_settings.config_args, WORKFLOW_DIR / "config.yaml"
+)
 GRID_RECORD_DUE = check_grid_folder(RESULTS, config, GRID_SOURCE)
 MODELS = list(config["models"])
 TASKS = list(config["tasks"])
@@ -56,8 +69,9 @@ TASKS = list(config["tasks"])
 os.environ[LIVE_ENV] = json.dumps({**config["logging"], "root": f"{RESULTS}/tensorboard"})
 # Under a default storage provider (no shared filesystem: Kubernetes, cloud batch) the training jobs keep their
 # progress folders in that storage too, so that a killed job resumes on another node (esgrpo.workflow.progress_store).
-_PROGRESS_STORE = progress_store.store_setting(workflow.storage_settings.default_storage_provider,
-                                               workflow.storage_settings.default_storage_prefix)
+_PROGRESS_STORE = progress_store.store_setting(
+    workflow.storage_settings.default_storage_provider, workflow.storage_settings.default_storage_prefix
+)
 if _PROGRESS_STORE:
     os.environ[progress_store.ENV] = _PROGRESS_STORE
 
@@ -86,8 +100,13 @@ wildcard_constraints:
 
 # Models shipped as a GGUF file (`models.<name>.gguf_file`) are converted once to HF layout.
 GGUF_MODELS = [m for m, spec in config["models"].items() if spec.get("gguf_file")]
-PINNED_MODELS = [m for m, spec in config["models"].items()
-                 if not spec.get("gguf_file") and spec["source"] != "default" and (spec.get("revision") or spec.get("sha256"))]
+PINNED_MODELS = [
+    m
+    for m, spec in config["models"].items()
+    if not spec.get("gguf_file")
+    and spec["source"] != "default"
+    and (spec.get("revision") or spec.get("sha256"))
+]
 
 
 def model_tasks(model):
@@ -242,7 +261,11 @@ def snapshot_parent_dir(wildcards):
 def snapshot_parent_files(wildcards):
     """The model, metrics and summary of the ES run a snapshot run was exported by."""
     parent = snapshot_parent_dir(wildcards)
-    return {"model": f"{parent}/model", "metrics": f"{parent}/metrics.jsonl", "summary": f"{parent}/summary.json"}
+    return {
+        "model": f"{parent}/model",
+        "metrics": f"{parent}/metrics.jsonl",
+        "summary": f"{parent}/summary.json",
+    }
 
 
 def snapshot_iteration(wildcards):
@@ -354,8 +377,11 @@ ALL_ANALYSIS_TARGETS = [path for model in MODELS for path in analysis_targets(mo
 # plan, and its trainers and engines the plan's settings. A CPU-only config (the embedded default)
 # keeps the rules' own resources and settings; `snakemake plan` still writes its plan.
 
-PLANNER = Planner(config, PlanSettings.from_config(config, **slurm.site_gpu_type(config, os.environ)),
-                  analysis_targets=ALL_ANALYSIS_TARGETS)
+PLANNER = Planner(
+    config,
+    PlanSettings.from_config(config, **slurm.site_gpu_type(config, os.environ)),
+    analysis_targets=ALL_ANALYSIS_TARGETS,
+)
 PLAN_SIZES_JOBS = PLANNER.sizes_jobs
 if PLAN_SIZES_JOBS:
     PLANNER.check()
@@ -441,13 +467,23 @@ def target_planner(target):
     benchmarks where one of them reads those."""
     if target == "all":
         return PLANNER
-    names = {"paper_a": [*paper_planning.PAPER_A_TABLES, *paper_planning.PAPER_A_FIGURES],
-             "paper_b": [*paper_planning.PAPER_B_TABLES, *paper_planning.PAPER_B_FIGURES]}[target]
-    read = {path for name in names for paths in paper_planning.paper_inputs(
-        config, name, ALL_ANALYSIS_TARGETS, RESULTS).values() for path in ([paths] if isinstance(paths, str) else paths)}
+    names = {
+        "paper_a": [*paper_planning.PAPER_A_TABLES, *paper_planning.PAPER_A_FIGURES],
+        "paper_b": [*paper_planning.PAPER_B_TABLES, *paper_planning.PAPER_B_FIGURES],
+    }[target]
+    read = {
+        path
+        for name in names
+        for paths in paper_planning.paper_inputs(config, name, ALL_ANALYSIS_TARGETS, RESULTS).values()
+        for path in ([paths] if isinstance(paths, str) else paths)
+    }
     heldout_read = bool(read & set(heldout.heldout_files(config, RESULTS, "_prompts.jsonl")))
-    return Planner(config, PLANNER.settings, analysis_targets=[p for p in ALL_ANALYSIS_TARGETS if p in read],
-                   heldout=heldout_read)
+    return Planner(
+        config,
+        PLANNER.settings,
+        analysis_targets=[p for p in ALL_ANALYSIS_TARGETS if p in read],
+        heldout=heldout_read,
+    )
 
 
 def write_plan_files(target, csv_path, md_path, cost_path, log_path):
@@ -457,8 +493,10 @@ def write_plan_files(target, csv_path, md_path, cost_path, log_path):
     planner.write(csv_path, md_path)
     plans = planner.all()
     Path(cost_path).write_text(cost_row(plans, target) + "\n")
-    Path(log_path).write_text(f"{target}: {len(plans)} jobs, {total_gpu_hours(plans):.1f} GPU-hours "
-                              f"({planner.settings.gpu_type}): {csv_path}, {md_path}\n")
+    Path(log_path).write_text(
+        f"{target}: {len(plans)} jobs, {total_gpu_hours(plans):.1f} GPU-hours "
+        f"({planner.settings.gpu_type}): {csv_path}, {md_path}\n"
+    )
 
 
 def plan_fingerprint(wildcards):
@@ -506,12 +544,20 @@ def pair_grpo_model(wildcards):
 def analysis_cosine_pairs(wildcards):
     """es-grpo of this seed; es-es and grpo-grpo of this seed with the next configured seed."""
     seed = int(wildcards.seed)
-    pairs = [{"pair": "es-grpo", "a": pair_es_model(wildcards), "b": pair_grpo_model(wildcards), "seed_b": seed}]
+    pairs = [
+        {"pair": "es-grpo", "a": pair_es_model(wildcards), "b": pair_grpo_model(wildcards), "seed_b": seed}
+    ]
     for method, main_name in (("es", main_es_name), ("grpo", main_grpo_name)):
         other = next_seed(config, method, seed)
         if other is not None:
-            pairs.append({"pair": f"{method}-{method}", "a": _main_run_model(wildcards, main_name, seed),
-                          "b": _main_run_model(wildcards, main_name, other), "seed_b": other})
+            pairs.append(
+                {
+                    "pair": f"{method}-{method}",
+                    "a": _main_run_model(wildcards, main_name, seed),
+                    "b": _main_run_model(wildcards, main_name, other),
+                    "seed_b": other,
+                }
+            )
     return pairs
 
 
@@ -566,8 +612,12 @@ def paper_a_targets():
 def snapshot_eval_targets():
     """The evaluations of the ES snapshots (es.snapshots): paper B's code exports and evaluates its model
     after one epoch as well as two, so its target evaluates them like final models."""
-    return [f"{run_dir(m, t, r)}/eval.json" for m in MODELS for t, r in planned_runs(config, m)
-            if re.fullmatch(SNAPSHOT_RUN_PATTERN, r)]
+    return [
+        f"{run_dir(m, t, r)}/eval.json"
+        for m in MODELS
+        for t, r in planned_runs(config, m)
+        if re.fullmatch(SNAPSHOT_RUN_PATTERN, r)
+    ]
 
 
 def paper_b_targets():
@@ -580,7 +630,12 @@ def paper_b_targets():
 
 def paper_targets():
     """Every paper table (CSV, Markdown, LaTeX), figure (PNG, PDF), the claims table and its verdict stability."""
-    return [*paper_a_targets(), *paper_b_targets(), *table_targets("claims"), *table_targets("claims_stability")]
+    return [
+        *paper_a_targets(),
+        *paper_b_targets(),
+        *table_targets("claims"),
+        *table_targets("claims_stability"),
+    ]
 
 
 def run_eval_targets(model=None):
@@ -590,7 +645,11 @@ def run_eval_targets(model=None):
 
 def base_fingerprint_targets():
     """The fingerprint of every offline default base (rule base_fingerprint)."""
-    return [f"{RESULTS}/{m}/base/fingerprint.json" for m, spec in config["models"].items() if spec["source"] == "default"]
+    return [
+        f"{RESULTS}/{m}/base/fingerprint.json"
+        for m, spec in config["models"].items()
+        if spec["source"] == "default"
+    ]
 
 
 # Held-out benchmarks through lm-eval (rules/heldout.smk; esgrpo.evaluation.heldout).
@@ -609,8 +668,13 @@ def heldout_targets():
 
 def all_targets():
     """Every evaluation, analysis, table and figure."""
-    targets = [*table_targets("base_passk"), *figure_targets("base_passk"), *run_eval_targets(),
-               *base_fingerprint_targets(), *heldout_targets()]
+    targets = [
+        *table_targets("base_passk"),
+        *figure_targets("base_passk"),
+        *run_eval_targets(),
+        *base_fingerprint_targets(),
+        *heldout_targets(),
+    ]
     return [*targets, *ALL_ANALYSIS_TARGETS, *paper_targets()]
 
 
@@ -649,8 +713,10 @@ def stop_job_server():
 for _name, _default in {**slurm.PARTITION_DEFAULTS, slurm.ACCOUNT_ENV: ""}.items():
     os.environ.setdefault(_name, _default)
 # The profile is known at parse time by its default resources; the executor only when jobs start.
-SLURM_PROFILE = any(str(arg).startswith("slurm_") for arg in getattr(workflow.resource_settings.default_resources,
-                                                                     "args", None) or [])
+SLURM_PROFILE = any(
+    str(arg).startswith("slurm_")
+    for arg in getattr(workflow.resource_settings.default_resources, "args", None) or []
+)
 if SLURM_PROFILE:
     logger.info(slurm.site_summary(os.environ, PLANNER.settings.gpu_type if PLAN_SIZES_JOBS else None))
 

@@ -7,17 +7,17 @@ rule prepare_task:
         train=f"{RESULTS}/data/{{task}}/train.jsonl",
         test=f"{RESULTS}/data/{{task}}/test.jsonl",
         info=f"{RESULTS}/data/{{task}}/info.json",
-    params:
-        options=task_options,
-        splits=used_splits,
-        seed=config["seed"],
     log:
         f"{RESULTS}/logs/data/{{task}}.log",
+    conda:
+        SOFTWARE_ENV
     threads: 1
     resources:
         mem_mb=sized("mem_mb", 16000),  # DeepScaleR (40k rows) and SciKnowEval load whole splits
         runtime=sized("runtime", 60),
-    conda:
-        SOFTWARE_ENV
+    params:
+        options=task_options,
+        splits=used_splits,
+        seed=config["seed"],
     script:
         "../workflow_scripts/prepare_task.py"

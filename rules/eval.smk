@@ -8,16 +8,12 @@ rule eval_base:
     output:
         summary=f"{RESULTS}/{{model}}/base/eval.json",
         prompts=f"{RESULTS}/{{model}}/base/eval_prompts.jsonl",
-    params:
-        model=base_model_ref,
-        eval=eval_base_settings,
-        eval_tasks=eval_tasks,
-        run="base",
-        train_task="none",
     log:
         f"{RESULTS}/logs/{{model}}/base/eval.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/base/eval.tsv"
+    conda:
+        SOFTWARE_ENV
     threads: planned("eval_base", "threads", 1)
     resources:
         mem_mb=planned("eval_base", "mem_mb", 2000),
@@ -25,8 +21,12 @@ rule eval_base:
         gpu=planned("eval_base", "gpu", 0),
         cpus_per_gpu=planned("eval_base", "cpus_per_gpu", 0),
         gpu_model=planned("eval_base", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
+    params:
+        model=base_model_ref,
+        eval=eval_base_settings,
+        eval_tasks=eval_tasks,
+        run="base",
+        train_task="none",
     script:
         "../workflow_scripts/evaluate.py"
 
@@ -38,16 +38,12 @@ rule eval_run:
     output:
         summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/eval.json",
         prompts=f"{RESULTS}/{{model}}/{{task}}/{{run}}/eval_prompts.jsonl",
-    params:
-        model=run_model,
-        eval=eval_run_settings,
-        eval_tasks=eval_tasks,
-        run="{run}",
-        train_task="{task}",
     log:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/eval.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/eval.tsv"
+    conda:
+        SOFTWARE_ENV
     threads: planned("eval_run", "threads", 1)
     resources:
         mem_mb=planned("eval_run", "mem_mb", 2000),
@@ -55,7 +51,11 @@ rule eval_run:
         gpu=planned("eval_run", "gpu", 0),
         cpus_per_gpu=planned("eval_run", "cpus_per_gpu", 0),
         gpu_model=planned("eval_run", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
+    params:
+        model=run_model,
+        eval=eval_run_settings,
+        eval_tasks=eval_tasks,
+        run="{run}",
+        train_task="{task}",
     script:
         "../workflow_scripts/evaluate.py"

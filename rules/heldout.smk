@@ -18,17 +18,14 @@ rule heldout_base:
     output:
         summary=f"{RESULTS}/{{model}}/base/heldout/{{bench}}.json",
         prompts=f"{RESULTS}/{{model}}/base/heldout/{{bench}}_prompts.jsonl",
-    params:
-        model=base_model_ref,
-        settings=heldout_settings,
-        run="base",
-        train_task="none",
     log:
         f"{RESULTS}/logs/{{model}}/base/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/base/heldout_{{bench}}.tsv"
     wildcard_constraints:
         bench=BENCH_PATTERN,
+    conda:
+        SOFTWARE_ENV
     threads: planned("heldout_base", "threads", 1)
     resources:
         mem_mb=planned("heldout_base", "mem_mb", 4000),
@@ -36,8 +33,11 @@ rule heldout_base:
         gpu=planned("heldout_base", "gpu", 0),
         cpus_per_gpu=planned("heldout_base", "cpus_per_gpu", 0),
         gpu_model=planned("heldout_base", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
+    params:
+        model=base_model_ref,
+        settings=heldout_settings,
+        run="base",
+        train_task="none",
     script:
         "../workflow_scripts/heldout_benchmark.py"
 
@@ -48,17 +48,14 @@ rule heldout_run:
     output:
         summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/heldout/{{bench}}.json",
         prompts=f"{RESULTS}/{{model}}/{{task}}/{{run}}/heldout/{{bench}}_prompts.jsonl",
-    params:
-        model=run_model,
-        settings=heldout_settings,
-        run="{run}",
-        train_task="{task}",
     log:
         f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/heldout_{{bench}}.tsv"
     wildcard_constraints:
         bench=BENCH_PATTERN,
+    conda:
+        SOFTWARE_ENV
     threads: planned("heldout_run", "threads", 1)
     resources:
         mem_mb=planned("heldout_run", "mem_mb", 4000),
@@ -66,7 +63,10 @@ rule heldout_run:
         gpu=planned("heldout_run", "gpu", 0),
         cpus_per_gpu=planned("heldout_run", "cpus_per_gpu", 0),
         gpu_model=planned("heldout_run", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
+    params:
+        model=run_model,
+        settings=heldout_settings,
+        run="{run}",
+        train_task="{task}",
     script:
         "../workflow_scripts/heldout_benchmark.py"

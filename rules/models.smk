@@ -8,6 +8,16 @@ rule build_default_model:
     output:
         model=directory(f"{RESULTS}/{{model}}/base/model"),
         info=f"{RESULTS}/{{model}}/base/build.json",
+    log:
+        f"{RESULTS}/logs/{{model}}/build_default_model.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/build_default_model.tsv"
+    conda:
+        SOFTWARE_ENV
+    threads: 1
+    resources:
+        mem_mb=sized("mem_mb", 4000),
+        runtime=sized("runtime", 60),
     params:
         tasks=warmup_tasks,
         train_tasks=train_tasks,
@@ -15,16 +25,6 @@ rule build_default_model:
         vocab_size=config["default_model"]["vocab_size"],
         architecture=config["default_model"]["architecture"],
         warmup=config["default_model"]["warmup"],
-    log:
-        f"{RESULTS}/logs/{{model}}/build_default_model.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/{{model}}/build_default_model.tsv"
-    threads: 1
-    resources:
-        mem_mb=sized("mem_mb", 4000),
-        runtime=sized("runtime", 60),
-    conda:
-        SOFTWARE_ENV
     script:
         "../workflow_scripts/build_default_model.py"
 
@@ -45,12 +45,12 @@ rule base_fingerprint:
         fingerprint=f"{RESULTS}/{{model}}/base/fingerprint.json",
     log:
         f"{RESULTS}/logs/{{model}}/base_fingerprint.log",
+    conda:
+        SOFTWARE_ENV
     threads: 1
     resources:
         mem_mb=sized("mem_mb", 1000),
         runtime=sized("runtime", 10),
-    conda:
-        SOFTWARE_ENV
     script:
         "../workflow_scripts/base_fingerprint.py"
 
@@ -70,18 +70,18 @@ ruleorder: convert_gguf_model > build_default_model
 rule pin_model:
     output:
         pin=f"{RESULTS}/{{model}}/base/pin.json",
-    params:
-        source=model_source,
-        revision=model_revision,
-        sha256=model_sha256,
     log:
         f"{RESULTS}/logs/{{model}}/pin_model.log",
     wildcard_constraints:
         model=_alternatives(PINNED_MODELS) if PINNED_MODELS else "(?!)",
     localrule: True
-    threads: 1
     conda:
         SOFTWARE_ENV
+    threads: 1
+    params:
+        source=model_source,
+        revision=model_revision,
+        sha256=model_sha256,
     script:
         "../workflow_scripts/pin_model.py"
 
@@ -90,20 +90,20 @@ rule convert_gguf_model:
     output:
         model=directory(f"{RESULTS}/{{model}}/base/model"),
         info=f"{RESULTS}/{{model}}/base/convert.json",
-    params:
-        source=model_source,
-        gguf_file=model_gguf_file,
     log:
         f"{RESULTS}/logs/{{model}}/convert_gguf_model.log",
     benchmark:
         f"{RESULTS}/benchmarks/{{model}}/convert_gguf_model.tsv"
     wildcard_constraints:
         model=_alternatives(GGUF_MODELS) if GGUF_MODELS else "(?!)",
+    conda:
+        SOFTWARE_ENV
     threads: 1
     resources:
         mem_mb=sized("mem_mb", 8000),
         runtime=sized("runtime", 30),
-    conda:
-        SOFTWARE_ENV
+    params:
+        source=model_source,
+        gguf_file=model_gguf_file,
     script:
         "../workflow_scripts/convert_gguf.py"

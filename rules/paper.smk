@@ -22,14 +22,14 @@ for _table, _category in PAPER_TABLES.items():
                 subcategory="tables",
                 labels={"paper": _category, "kind": "table", "name": _table},
             ),
-        params:
-            stage=_table,
-            setup=PAPER_SETUP,
         log:
             f"{RESULTS}/logs/paper/{_table}.log",
         localrule: True
         conda:
             SOFTWARE_ENV
+        params:
+            stage=_table,
+            setup=PAPER_SETUP,
         script:
             "../workflow_scripts/paper_stage.py"
 
@@ -50,14 +50,14 @@ for _figure, _category in PAPER_FIGURES.items():
                 labels={"paper": _category, "kind": "figure", "name": _figure},
             ),
             pdf=f"{RESULTS}/figures/{_figure}.pdf",
-        params:
-            stage=_figure,
-            setup=PAPER_SETUP,
         log:
             f"{RESULTS}/logs/paper/{_figure}.log",
         localrule: True
         conda:
             SOFTWARE_ENV
+        params:
+            stage=_figure,
+            setup=PAPER_SETUP,
         script:
             "../workflow_scripts/paper_stage.py"
 

@@ -9,11 +9,11 @@ rule plan:
         csv=f"{RESULTS}/plan.csv",
         md=f"{RESULTS}/plan.md",
         cost=f"{RESULTS}/plan_cost.md",
-    params:
-        rows=plan_fingerprint,
     log:
         f"{RESULTS}/logs/plan.log",
     localrule: True
+    params:
+        rows=plan_fingerprint,
     run:
         write_plan_files("all", output.csv, output.md, output.cost, log[0])
 
@@ -23,8 +23,6 @@ rule plan_target:
         csv=f"{RESULTS}/plan_{{plan_target}}.csv",
         md=f"{RESULTS}/plan_{{plan_target}}.md",
         cost=f"{RESULTS}/plan_{{plan_target}}_cost.md",
-    params:
-        rows=plan_fingerprint,
     log:
         f"{RESULTS}/logs/plan_{{plan_target}}.log",
     # the rule's own constraint: a global one declared after the other rules drops theirs under a default
@@ -32,6 +30,8 @@ rule plan_target:
     wildcard_constraints:
         plan_target="paper_a|paper_b",
     localrule: True
+    params:
+        rows=plan_fingerprint,
     run:
         write_plan_files(wildcards.plan_target, output.csv, output.md, output.cost, log[0])
 

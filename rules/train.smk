@@ -12,6 +12,21 @@ rule train_run:
         model=directory(f"{RESULTS}/{{model}}/{{task}}/{{run}}/model"),
         metrics=f"{RESULTS}/{{model}}/{{task}}/{{run}}/metrics.jsonl",
         summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/summary.json",
+    log:
+        f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/train.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/train.tsv"
+    wildcard_constraints:
+        run=TRAINED_RUN_PATTERN,
+    conda:
+        SOFTWARE_ENV
+    threads: planned("train_run", "threads", 1)
+    resources:
+        mem_mb=planned("train_run", "mem_mb", 4000),
+        runtime=planned("train_run", "runtime", 120),
+        gpu=planned("train_run", "gpu", 0),
+        cpus_per_gpu=planned("train_run", "cpus_per_gpu", 0),
+        gpu_model=planned("train_run", "gpu_model", ""),
     params:
         method=run_method,
         settings=train_settings,
@@ -20,21 +35,6 @@ rule train_run:
         progress_dir=f"{RESULTS}/progress/{{model}}/{{task}}/{{run}}",
         es_backend=config.get("es", {}).get("backend", "hf"),
         es_engine=es_engine,
-    log:
-        f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/train.log",
-    benchmark:
-        f"{RESULTS}/benchmarks/{{model}}/{{task}}/{{run}}/train.tsv"
-    wildcard_constraints:
-        run=TRAINED_RUN_PATTERN,
-    threads: planned("train_run", "threads", 1)
-    resources:
-        mem_mb=planned("train_run", "mem_mb", 4000),
-        runtime=planned("train_run", "runtime", 120),
-        gpu=planned("train_run", "gpu", 0),
-        cpus_per_gpu=planned("train_run", "cpus_per_gpu", 0),
-        gpu_model=planned("train_run", "gpu_model", ""),
-    conda:
-        SOFTWARE_ENV
     script:
         "../workflow_scripts/train_run.py"
 
@@ -48,18 +48,18 @@ rule es_snapshot:
         model=directory(f"{RESULTS}/{{model}}/{{task}}/{{run}}/model"),
         metrics=f"{RESULTS}/{{model}}/{{task}}/{{run}}/metrics.jsonl",
         summary=f"{RESULTS}/{{model}}/{{task}}/{{run}}/summary.json",
+    log:
+        f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/snapshot.log",
+    wildcard_constraints:
+        run=SNAPSHOT_RUN_PATTERN,
+    localrule: True
+    conda:
+        SOFTWARE_ENV
+    threads: 1
     params:
         iteration=snapshot_iteration,
         parent=snapshot_parent_run,
         settings=run_settings,
         labels=run_labels,
-    wildcard_constraints:
-        run=SNAPSHOT_RUN_PATTERN,
-    localrule: True
-    log:
-        f"{RESULTS}/logs/{{model}}/{{task}}/{{run}}/snapshot.log",
-    threads: 1
-    conda:
-        SOFTWARE_ENV
     script:
         "../workflow_scripts/es_snapshot.py"
