@@ -100,13 +100,6 @@ wildcard_constraints:
 
 # Models shipped as a GGUF file (`models.<name>.gguf_file`) are converted once to HF layout.
 GGUF_MODELS = [m for m, spec in config["models"].items() if spec.get("gguf_file")]
-PINNED_MODELS = [
-    m
-    for m, spec in config["models"].items()
-    if not spec.get("gguf_file")
-    and spec["source"] != "default"
-    and (spec.get("revision") or spec.get("sha256"))
-]
 
 
 def model_tasks(model):
@@ -143,6 +136,9 @@ def base_model_is_pinned(model):
     """A Hub id or folder with a pinned revision or file checksums (esgrpo.pins; rule pin_model checks them)."""
     spec = config["models"][model]
     return not base_model_is_built(model) and bool(spec.get("revision") or spec.get("sha256"))
+
+
+PINNED_MODELS = [m for m in MODELS if base_model_is_pinned(m)]
 
 
 def base_model_files(wildcards):

@@ -113,3 +113,21 @@ def test_the_config_checks_the_pins():
     del bad["models"]["qwen2_5_1_5b"]["revision"]
     with pytest.raises(ConfigError, match=r"models\.qwen2_5_1_5b\.sha256: .*revision"):
         check_config(bad)
+
+
+def test_the_pin_model_stage_records_the_checked_files_and_stops_on_a_mismatch(tmp_path):
+    from esgrpo.workflow.stages.models import pin_model
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"weights")
+    right = hashlib.sha256(b"weights").hexdigest()
+    params = {"source": str(model), "revision": None, "sha256": {"model.safetensors": right.upper()}}
+    pin = tmp_path / "pin.json"
+    pin_model({}, {"pin": str(pin)}, params, {"model": "m"}, 1)
+    record = read_json(pin)
+    assert record["folder"] == str(model) and record["sha256"] == {"model.safetensors": right}
+    (model / "model.safetensors").write_bytes(b"other weights")
+    with pytest.raises(PinError, match=f"expected {right.upper()}"):
+        pin_model({}, {"pin": str(tmp_path / "again.json")}, params, {"model": "m"}, 1)
+    assert not (tmp_path / "again.json").exists()

@@ -12,8 +12,7 @@ rows of member n are its copy of the B prompts (N * B sequences in all). The mem
 laid out once per population by `esgrpo.engines.population_weights.prepare_population`, from
 stacked tensors or straight from theta and the seeds (`esgrpo.noise.Population`), into memory a caller
 may keep from call to call (`MemberBuffers`: an ES run's members have the same shapes every iteration, and
-memory of a call's own is faulted in again every call, 1.5-2.3 GB at SmolLM2's shape and N = 4, measured;
-docs/smollm2.md); this module is the forward and the decoding.
+memory of a call's own is faulted in again every call; docs/smollm2.md measures it); this module is the forward and the decoding.
 
 Supported: transformers' ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (q/k/v biases), fp32
 compute, RMSNorm, rotary embeddings (static rope types), grouped-query attention, SiLU gated

@@ -25,10 +25,7 @@ import re
 
 from esgrpo.tasks.math_verify_runner import paper_b_verdict
 
-__all__ = ["FORMAT_REWARD", "grade_eval", "grade_training", "numeric_form", "stated_answer",
-           "training_box", "training_form", "training_score"]
-
-FORMAT_REWARD = 0.1  # paper B's `format_reward` (configs/easy_qwen25_1p5b.yaml): a readable box, wrong answer
+__all__ = ["grade_eval", "grade_training", "numeric_form", "stated_answer", "training_box", "training_form"]
 
 
 def training_box(text: str) -> str | None:
@@ -108,17 +105,11 @@ def training_form(value: str) -> str:
 
 
 def grade_training(completion: str, gold: str) -> bool:
-    """Paper B's training verdict: a readable last box whose normal form is the gold's."""
+    """Paper B's training verdict: a readable last box whose normal form is the gold's. Its reward
+    (`score_training_response`: 1, 0.1 for a readable wrong box, 0) is `esgrpo.tasks.rewards.reward`
+    with scheme `boxed_partial` under `rules="paper_b"`, which reads the box with `training_box`."""
     box = training_box(completion)
     return box is not None and training_form(box) == training_form(str(gold))
-
-
-def training_score(completion: str, gold: str, format_reward: float = FORMAT_REWARD) -> float:
-    """Paper B's training reward: 1 for a correct box, `format_reward` for a readable wrong one, 0."""
-    box = training_box(completion)
-    if box is None:
-        return 0.0
-    return 1.0 if training_form(box) == training_form(str(gold)) else float(format_reward)
 
 
 # Its fallback when math-verify finds nothing: the last `#### N`, else the last box, else the last

@@ -119,12 +119,13 @@ def convert_gguf_model(input: dict, output: dict, params: dict, wildcards: dict,
 def pin_model(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
     """Stage: a Hub model at its pinned revision (fetched once into huggingface_hub's cache, where every
     job then reads it), each pinned file's SHA-256 checked (esgrpo.pins); pin.json records what was found."""
-    from esgrpo.pins import pinned_model_folder, sha256_of
+    from esgrpo.pins import pinned_model_folder
 
     pins = dict(params["sha256"] or {})
     folder = pinned_model_folder(wildcards["model"], str(params["source"]), params["revision"], pins)
     write_json(Path(output["pin"]), {
         "source": str(params["source"]), "revision": params["revision"], "folder": str(folder),
-        "sha256": {name: sha256_of(folder / name) for name in sorted(pins)},
+        # each file was hashed and found equal to its pin just above: not hashed a second time
+        "sha256": {name: pins[name].lower() for name in sorted(pins)},
         "provenance": provenance(params, 0),
     })
