@@ -20,12 +20,13 @@ from esgrpo.config import (
     task_splits,
 )
 from esgrpo.grids import check_grid_folder, config_source, write_grid_record
-from esgrpo.plan import Planner, PlanSettings, cost_row, plan_row, total_gpu_hours
+from esgrpo.plan import Planner, PlanSettings, cost_row, plan_row, settings_per_model, total_gpu_hours
 from esgrpo.report import planning as paper_planning
 from esgrpo.runs import (
     RUN_PATTERN,
     SNAPSHOT_RUN_PATTERN,
     TRAINED_RUN_PATTERN,
+    eval_settings,
     main_es_name,
     main_grpo_name,
     planned_runs,
@@ -226,7 +227,7 @@ def run_model(wildcards):
 
 def run_spec_of(wildcards):
     """What the run's name says (esgrpo.runs.RunSpec): method, settings, labels, start."""
-    return run_spec(config, wildcards.task, wildcards.run)
+    return run_spec(config, wildcards.model, wildcards.task, wildcards.run)
 
 
 def run_method(wildcards):
@@ -279,8 +280,9 @@ def init_model_files(wildcards):
 
 
 def eval_params(model):
-    """Evaluation settings: the global block, overridden per model, graded under rewards.rules."""
-    return {**config["eval"], **config["models"][model].get("eval", {}), **reward_rules_setting(config)}
+    """Evaluation settings: the global block, overridden per model (esgrpo.runs.eval_settings), graded under
+    rewards.rules."""
+    return {**eval_settings(config, model), **reward_rules_setting(config)}
 
 
 def eval_base_settings(wildcards):
@@ -345,7 +347,7 @@ def analysis_targets(model):
         out += [f"{a}/drift/{t}/{r}.csv" for t, r in runs if (t, r) in main or r.startswith("cl_")]
     if "theory" in wanted:
         for t, r in runs:
-            if run_spec(config, t, r).method == "es":
+            if run_spec(config, model, t, r).method == "es":
                 out += [f"{a}/theory/{t}/{r}.csv", f"{a}/theory/{t}/{r}.json"]
     if "sparsity" in wanted:
         out += [f"{a}/sparsity/{t}/{r}.csv" for t, r in main]
@@ -489,15 +491,24 @@ def write_plan_files(target, csv_path, md_path, cost_path, log_path):
     planner.write(csv_path, md_path)
     plans = planner.all()
     Path(cost_path).write_text(cost_row(plans, target) + "\n")
+    own = [
+        f"  {r['model']} ({r['task'] or 'all tasks'}): {r['block']}.{r['key']} = {r['value']} (the grid's: {r['grid']})\n"
+        for r in settings_per_model(config)
+    ]
     Path(log_path).write_text(
         f"{target}: {len(plans)} jobs, {total_gpu_hours(plans):.1f} GPU-hours "
         f"({planner.settings.gpu_type}): {csv_path}, {md_path}\n"
+        + ("settings of a model's own (models.<model>.es / grpo / eval / per_task):\n" if own else "")
+        + "".join(own)
     )
 
 
 def plan_fingerprint(wildcards):
-    """What the plan files hold, so that `snakemake plan` rewrites them when the config changes."""
-    return [plan_row(plan) for plan in target_planner(wildcards.get("plan_target", "all")).all()]
+    """What the plan files hold, so that `snakemake plan` rewrites them when the config changes (with the
+    settings a model has of its own, where any: plan.md lists them)."""
+    rows = [plan_row(plan) for plan in target_planner(wildcards.get("plan_target", "all")).all()]
+    own = settings_per_model(config)
+    return rows + own if own else rows
 
 
 def analysis_eval(wildcards):

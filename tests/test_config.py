@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import yaml
@@ -82,6 +83,90 @@ def test_an_unknown_setting_lists_only_the_keys_allowed_there(default_config, bl
     assert message.startswith(f"{block}.settings: unknown setting(s) ['sigmaa']; allowed: ")
     assert "max_new_tokens" in allowed
     assert not {"reward_rules", "seed", "population_size", "num_generations", "snapshots"} & set(allowed), message
+
+
+# --------------------------------------------------------------------------- settings per model (issue 30)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"eval": {"max_new_token": 48}}, r"models\.tiny\.eval\.max_new_token: unknown key; allowed here: \['backend', "),
+    ({"eval": {"n_samples": "8"}}, r"models\.tiny\.eval\.n_samples: must be an integer, got '8'"),
+    ({"es": {"setting": {"sigma": 0.1}}}, r"models\.tiny\.es\.setting: unknown key; allowed here: \['settings'\]"),
+    ({"per_task": {"countdown3": {"eval": {"n_samples": 4}}}},
+     r"models\.tiny\.per_task\.countdown3\.eval: unknown key; allowed here: \['es', 'grpo'\]"),
+    ({"per_task": {"countdown3": {"grpo": {"settings": [1]}}}},
+     r"models\.tiny\.per_task\.countdown3\.grpo\.settings: must be a mapping, got a list"),
+])
+def test_the_schema_refuses_a_bad_model_override_naming_model_and_key(default_config, override, message):
+    config = copy.deepcopy(default_config)
+    config["models"]["tiny"].update(override)
+    assert re.match(message, schema_message(config)), schema_message(config)
+
+
+def test_the_schema_takes_the_overrides_and_fills_no_default_into_them(default_config):
+    """A model's eval block has eval's keys and ranges but none of its defaults: a default there would
+    override the grid's eval block for that model."""
+    from snakemake.utils import validate
+
+    config = copy.deepcopy(default_config)
+    config["models"]["tiny"].update(eval={"max_new_tokens": 48}, es={"settings": {"max_new_tokens": 48}},
+                                    per_task={"countdown3": {"grpo": {"settings": {"steps": 3}}}})
+    validate(config, str(REPO / "schemas" / "config.schema.yaml"))
+    assert config["models"]["tiny"]["eval"] == {"max_new_tokens": 48}
+    assert config["eval"]["n_samples"] == 32 and config["eval"]["max_new_tokens"] == 24  # the grid's, filled
+    check_config(config)
+
+
+@pytest.mark.parametrize("override, message", [
+    ({"es": {"settings": {"sigmaa": 0.1}}}, r"^models\.tiny\.es\.settings: unknown setting\(s\) \['sigmaa'\]; allowed: "),
+    ({"grpo": {"settings": {"seed": 1}}}, r"^models\.tiny\.grpo\.settings\.seed: set by grpo\.seeds, not here$"),
+    ({"per_task": {"countdown3": {"es": {"settings": {"population_size": 4}}}}},
+     r"^models\.tiny\.per_task\.countdown3\.es\.settings\.population_size: set by es\.population_sizes"),
+    ({"es": {"settings": {"noise": "lowrank", "rank": 2}}},
+     r"^models\.tiny\.es\.settings\.noise: one for the whole grid: es\.settings\.noise"),
+    ({"es": {"settings": {"normalization": "rank"}}},
+     r"^models\.tiny\.es\.settings\.normalization: the main runs use 'zscore'"),
+    ({"per_task": {"gsm8k": {"es": {"settings": {"sigma": 0.1}}}}},
+     r"^models\.tiny\.per_task\.gsm8k: tiny does not train on gsm8k; allowed: \['countdown3', "),
+    # the merged settings are built like es.settings: es.snapshots [10] does not fit 5 iterations on countdown3
+    ({"per_task": {"countdown3": {"es": {"settings": {"iterations": 5}}}}},
+     r"^models\.tiny\.per_task\.countdown3\.es\.settings \(merged over es\.settings, on countdown3\): ESConfig\.snapshots"),
+    ({"grpo": {"settings": {"max_new_tokens": 0}}},
+     r"^models\.tiny\.grpo\.settings \(merged over grpo\.settings, on countdown3\): GRPOSettings\.max_new_tokens must be"),
+    ({"eval": {"ks": [1, 64]}}, r"^models\.tiny\.eval\.ks: \[64\] exceed n_samples=32 \(merged over eval\)"),
+])
+def test_a_bad_model_override_names_the_model_and_key(default_config, override, message):
+    config = copy.deepcopy(default_config)
+    config["models"]["tiny"].update(override)
+    with pytest.raises(ConfigError, match=message):
+        check_config(config)
+
+
+def test_an_override_of_a_block_the_config_lacks_is_refused(default_config):
+    config = copy.deepcopy(default_config)
+    del config["grpo"]
+    config["models"]["tiny"]["grpo"] = {"settings": {"steps": 2}}
+    with pytest.raises(ConfigError, match=r"^models\.tiny\.grpo\.settings: the config has no grpo block"):
+        check_config(config)
+
+
+def test_a_model_s_budget_may_not_split_the_continual_stage_one(default_config):
+    """Tables read one grid-wide stage-1 alias (cl_es-s0-k1 = the main run or a run of its own): a model whose
+    own iterations equal sequential.continual_budget while the others' do not is refused, naming both."""
+    config = copy.deepcopy(default_config)
+    its = config["es"]["settings"]["iterations"]
+    config["sequential"]["continual_budget"] = {"es_iterations": its + 5}
+    check_config(config)
+    config["models"]["other"] = {"source": "default", "tasks": ["countdown3", "leg_count", "sum_yesno"],
+                                 "es": {"settings": {"iterations": its + 5}}}
+    with pytest.raises(ConfigError, match=r"^models\.<model>\.es\.settings: .* for \['other'\] and not for \['tiny'\]"):
+        check_config(config)
+
+
+def test_a_model_s_vllm_grpo_asks_for_the_gpu_env(default_config):
+    config = copy.deepcopy(default_config)
+    config["models"]["tiny"]["per_task"] = {"countdown3": {"grpo": {"settings": {"use_vllm": True}}}}
+    assert software_env(config) == "gpu"
 
 
 def test_schema_rejects_unknown_top_level_key_and_fills_defaults(default_config):
@@ -192,6 +277,9 @@ def test_a_schema_error_is_one_line_naming_the_key(default_config):
      "models.tiny.source: the folder /nonexistent/model_dir does not exist"),
     (lambda text: text.replace("learning_rate: 0.0005", "learning_rate: 5e-4"),
      "reads 5e-4 as a string, not a number; write 5.0e-4"),
+    (lambda text: text.replace("    tasks: [countdown3, sum_yesno]\n",
+                               "    tasks: [countdown3, sum_yesno]\n    es: {settings: {max_new_token: 48}}\n"),
+     "models.tiny.es.settings: unknown setting(s) ['max_new_token']; allowed: "),
 ])
 def test_snakemake_stops_with_one_line(tmp_path, edit, line):
     """`snakemake -n` on a broken config: the line names the key and what to write; no schema dump, no

@@ -53,7 +53,7 @@ def test_benchmark_settings_inherit_block_then_eval_then_defaults():
 def test_checkpoints_are_the_base_and_each_continual_sequence_end():
     config = copy.deepcopy(CONFIG)
     config["heldout_benchmarks"] = {"benchmarks": BENCHMARKS}
-    assert heldout.heldout_checkpoints(config) == [
+    assert heldout.heldout_checkpoints(config, "tiny") == [
         ("base", "base"), ("sum_yesno", "cl_es-s0-k2"), ("sum_yesno", "cl_es-s1-k2"),
         ("sum_yesno", "cl_grpo-s0-k2"), ("sum_yesno", "cl_grpo-s1-k2")]
     files = heldout.heldout_files(config, "r")
@@ -61,10 +61,10 @@ def test_checkpoints_are_the_base_and_each_continual_sequence_end():
     assert len(files) == 5 * 2
     # a one-task sequence ends at stage 1, the main run itself; base only; no block: nothing
     config["sequential"]["continual"] = ["countdown3"]
-    assert ("countdown3", "es-n4-s0") in heldout.heldout_checkpoints(config)
+    assert ("countdown3", "es-n4-s0") in heldout.heldout_checkpoints(config, "tiny")
     config["heldout_benchmarks"]["checkpoints"] = ["base"]
-    assert heldout.heldout_checkpoints(config) == [("base", "base")]
-    assert heldout.heldout_checkpoints(CONFIG) == []
+    assert heldout.heldout_checkpoints(config, "tiny") == [("base", "base")]
+    assert heldout.heldout_checkpoints(CONFIG, "tiny") == []
 
 
 def test_wrapper_group_points_tasks_and_groups_at_the_local_copy():
@@ -141,7 +141,7 @@ def test_punkt_model_from_the_package_is_what_nltk_and_ifeval_load(tmp_path, mon
 def _write_benchmark_rows(config: dict, results, scores: dict[str, float]) -> None:
     """Synthetic per-prompt rows (heldout_bench's schema) for every checkpoint: base correct on the first
     60% of 20 prompts, a final stage on the first `scores[method]` fraction."""
-    for task, run in heldout.heldout_checkpoints(config):
+    for task, run in heldout.heldout_checkpoints(config, "tiny"):
         fraction = 0.6 if run == "base" else scores[run.split("-")[0]]
         directory = heldout.checkpoint_dir(str(results), "tiny", task, run)
         rows = [{"model": "tiny", "run": run, "train_task": "none" if run == "base" else task, "eval_task": "mmlu",

@@ -14,7 +14,7 @@ import yaml
 from conftest import load_script, run_workflow
 
 from esgrpo.config import check_config
-from esgrpo.runs import RUN_PATTERN, planned_runs, run_spec
+from esgrpo.runs import RUN_PATTERN, eval_settings, planned_runs, run_spec
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = {name: REPO / "configs" / f"{name}.yaml" for name in ("paper_a", "paper_b", "smollm2")}
@@ -111,6 +111,13 @@ def test_paper_b_settings_are_the_papers():
     assert c["sequential"]["task"] == "deepscaler"
     hard = c["models"]["r1_distill_1_5b"]
     assert (hard["tasks"], hard["eval_tasks"]) == (PAPER_B_HARD_TRAIN_TASKS, PAPER_B_HARD_EVAL_TASKS)
+    # the hard setting's own rollout length (models.<m>.es / grpo / eval; DeepScaleR's 8K stage): every run of
+    # R1-Distill trains and is evaluated at 8,192 new tokens, the easy models at the grid's 2,048
+    for model in c["models"]:
+        tokens = 8192 if model in PAPER_B_HARD else 2048
+        for task, run in planned_runs(c, model):
+            assert run_spec(c, model, task, run).settings["max_new_tokens"] == tokens, (model, run)
+        assert eval_settings(c, model)["max_new_tokens"] == tokens
     ev = c["eval"]
     assert (ev["n_samples"], ev["temperature"], ev["top_p"]) == (32, 0.6, 1.0)
     assert ev["ks"][-1] == 32 and ev["backend"] == "vllm" and ev["test_size"] is None
@@ -129,7 +136,7 @@ def test_names_and_runs_fit_the_wildcards(name):
         assert re.fullmatch(r"[a-z][a-z0-9_]*", model), model
         for task, run in planned_runs(c, model):
             assert re.fullmatch(RUN_PATTERN, run), run
-            run_spec(c, task, run)
+            run_spec(c, model, task, run)
 
 
 # --------------------------------------------------------------------------- dry runs
@@ -185,7 +192,7 @@ def test_dry_run_trains_continual_es_stages_at_the_papers_budget(tmp_path):
     (rules/common.smk run_settings = run_spec) run 100 iterations; the single-task ES runs keep 300."""
     c = load("paper_a")
     jobs = dry_run_jobs(tmp_path, CONFIGS["paper_a"], "train_run")
-    iterations = {(j["model"], j["run"]): run_spec(c, j["task"], j["run"]).settings.get("iterations")
+    iterations = {(j["model"], j["run"]): run_spec(c, j["model"], j["task"], j["run"]).settings.get("iterations")
                   for j in jobs}
     for model in PAPER_A_MODELS:
         assert [iterations[(model, f"cl_es-s0-k{k}")] for k in range(1, 5)] == [100] * 4

@@ -364,15 +364,16 @@ def test_grpo_s_reward_function_grades_under_the_rules():
 def test_the_paper_configs_train_with_their_paper_s_rules(name, rules):
     config = yaml.safe_load((REPO / "configs" / f"{name}.yaml").read_text())
     assert config["rewards"]["rules"] == rules
-    for task in config["models"][next(iter(config["models"]))]["tasks"]:
+    model = next(iter(config["models"]))
+    for task in config["models"][model]["tasks"]:
         for run in ("es-n30-s0", "grpo-g8-s0") if name == "paper_a" else ("es-n32-s0", "grpo-g8-s0"):
-            assert run_spec(config, task, run).settings["reward_rules"] == rules
+            assert run_spec(config, model, task, run).settings["reward_rules"] == rules
 
 
 def test_one_key_sets_the_rules():
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     check_config(config)
-    assert "reward_rules" not in run_spec(config, "countdown3", "es-n16-s0").settings  # the default's own
+    assert "reward_rules" not in run_spec(config, "tiny", "countdown3", "es-n16-s0").settings  # the default's own
     config["es"]["settings"]["reward_rules"] = "paper_a"
     with pytest.raises(ConfigError, match=r"es\.settings\.reward_rules: .*rewards\.rules"):
         check_config(config)

@@ -25,6 +25,7 @@ from esgrpo.runs import (
     run_spec,
     sequential_name,
     snapshot_name,
+    trainer_settings,
 )
 
 
@@ -38,7 +39,7 @@ def config():
 
 
 def test_es_names_carry_their_settings(config):
-    spec = run_spec(config, "countdown3", "es-n8-norm_rank-anti-s3")
+    spec = run_spec(config, "tiny", "countdown3", "es-n8-norm_rank-anti-s3")
     assert spec.method == "es" and spec.seed == 3 and spec.init is None
     assert spec.settings["population_size"] == 8 and spec.settings["normalization"] == "rank"
     assert spec.settings["antithetic"] is True and spec.settings["seed"] == 3
@@ -46,35 +47,35 @@ def test_es_names_carry_their_settings(config):
 
 
 def test_low_rank_names_set_the_noise_and_full_rank_names_add_no_setting(config):
-    spec = run_spec(config, "countdown3", "es-n16-r4-s0")
+    spec = run_spec(config, "tiny", "countdown3", "es-n16-r4-s0")
     assert spec.settings["noise"] == "lowrank" and spec.settings["rank"] == 4 and spec.labels["rank"] == 4
-    assert "noise" not in run_spec(config, "countdown3", "es-n16-s0").settings  # Snakemake params unchanged
+    assert "noise" not in run_spec(config, "tiny", "countdown3", "es-n16-s0").settings  # Snakemake params unchanged
     config["es"]["ablations"]["ranks"] = [1, 4]
     runs = planned_runs(config, "tiny")
     assert ("countdown3", "es-n16-r1-s0") in runs and ("countdown3", "es-n16-r4-s0") in runs
     # a low-rank main config: the main runs' names say so, a name without a rank is full-rank
     config["es"]["settings"].update(noise="lowrank", rank=2)
     assert main_name(config, "es", 0) == "es-n16-r2-s0"
-    assert {k: run_spec(config, "countdown3", "es-n16-r2-s0").settings[k] for k in ("noise", "rank")} == {
+    assert {k: run_spec(config, "tiny", "countdown3", "es-n16-r2-s0").settings[k] for k in ("noise", "rank")} == {
         "noise": "lowrank", "rank": 2}
-    assert run_spec(config, "countdown3", "es-n16-s0").settings["noise"] == "full"
+    assert run_spec(config, "tiny", "countdown3", "es-n16-s0").settings["noise"] == "full"
     assert ("countdown3", "es-n16-r2-norm_none-s0") in planned_runs(config, "tiny")
 
 
 def test_sequential_runs_start_from_the_first_stage(config):
     n, g = config["es"]["population_sizes"][0], config["grpo"]["group_sizes"][0]
-    spec = run_spec(config, "countdown3", "es-then-grpo-s0")
+    spec = run_spec(config, "tiny", "countdown3", "es-then-grpo-s0")
     assert spec.method == "grpo" and spec.init == ("countdown3", f"es-n{n}-s0")
-    assert run_spec(config, "countdown3", "grpo-then-es-s0").init == ("countdown3", f"grpo-g{g}-s0")
+    assert run_spec(config, "tiny", "countdown3", "grpo-then-es-s0").init == ("countdown3", f"grpo-g{g}-s0")
     order = config["sequential"]["continual"]
-    assert run_spec(config, order[0], "cl_es-s0-k1").init is None
+    assert run_spec(config, "tiny", order[0], "cl_es-s0-k1").init is None
     # stage 1 is the main run on order[0]; stage 2 starts from it, later stages from the stage before
-    assert continual_stage_one(config, "es", 0) == (order[0], f"es-n{n}-s0", "cl_es-s0-k1")
-    assert run_spec(config, order[1], "cl_es-s0-k2").init == (order[0], f"es-n{n}-s0")
-    assert run_spec(config, order[1], "cl_es-s0-k2").settings == run_spec(config, order[0], "cl_es-s0-k1").settings
-    assert run_spec(config, order[2], "cl_grpo-s0-k3").init == (order[1], "cl_grpo-s0-k2")
+    assert continual_stage_one(config, "tiny", "es", 0) == (order[0], f"es-n{n}-s0", "cl_es-s0-k1")
+    assert run_spec(config, "tiny", order[1], "cl_es-s0-k2").init == (order[0], f"es-n{n}-s0")
+    assert run_spec(config, "tiny", order[1], "cl_es-s0-k2").settings == run_spec(config, "tiny", order[0], "cl_es-s0-k1").settings
+    assert run_spec(config, "tiny", order[2], "cl_grpo-s0-k3").init == (order[1], "cl_grpo-s0-k2")
     with pytest.raises(ValueError, match="stage 2 trains on"):
-        run_spec(config, order[0], "cl_es-s0-k2")
+        run_spec(config, "tiny", order[0], "cl_es-s0-k2")
 
 
 def test_continual_budget_gives_every_stage_its_own_budget(config):
@@ -82,27 +83,69 @@ def test_continual_budget_gives_every_stage_its_own_budget(config):
     is a run of its own (cl_es-s0-k1, from the base) that stage 2 starts from; where it equals the main
     run's (GRPO here), stage 1 stays the main run. Without the block nothing changes."""
     order, n, g = config["sequential"]["continual"], config["es"]["population_sizes"][0], 8
-    before = {(t, r): run_spec(config, t, r).settings for t, r in planned_runs(config, "tiny")}
+    before = {(t, r): run_spec(config, "tiny", t, r).settings for t, r in planned_runs(config, "tiny")}
     es_its = config["es"]["settings"]["iterations"]
     config["sequential"]["continual_budget"] = {"es_iterations": es_its + 7,
                                                 "grpo_steps": config["grpo"]["settings"]["steps"]}
     runs = planned_runs(config, "tiny")
     assert (order[0], "cl_es-s0-k1") in runs and (order[0], "cl_grpo-s0-k1") not in runs
-    assert continual_stage_one(config, "es", 0) is None
-    assert continual_stage_one(config, "grpo", 0) == (order[0], f"grpo-g{g}-s0", "cl_grpo-s0-k1")
+    assert continual_stage_one(config, "tiny", "es", 0) is None
+    assert continual_stage_one(config, "tiny", "grpo", 0) == (order[0], f"grpo-g{g}-s0", "cl_grpo-s0-k1")
     for k, task in enumerate(order, 1):
-        spec = run_spec(config, task, f"cl_es-s0-k{k}")
+        spec = run_spec(config, "tiny", task, f"cl_es-s0-k{k}")
         assert spec.settings["iterations"] == es_its + 7 and "snapshots" not in spec.settings
         assert {**spec.settings, "iterations": es_its} == _without_snapshots(before[(order[0], f"es-n{n}-s0")])
-    assert run_spec(config, order[0], "cl_es-s0-k1").init is None
-    assert run_spec(config, order[1], "cl_es-s0-k2").init == (order[0], "cl_es-s0-k1")
-    assert run_spec(config, order[1], "cl_grpo-s0-k2").init == (order[0], f"grpo-g{g}-s0")
+    assert run_spec(config, "tiny", order[0], "cl_es-s0-k1").init is None
+    assert run_spec(config, "tiny", order[1], "cl_es-s0-k2").init == (order[0], "cl_es-s0-k1")
+    assert run_spec(config, "tiny", order[1], "cl_grpo-s0-k2").init == (order[0], f"grpo-g{g}-s0")
     # the other runs keep their settings
-    assert all(run_spec(config, t, r).settings == s for (t, r), s in before.items() if not r.startswith("cl_es"))
+    assert all(run_spec(config, "tiny", t, r).settings == s for (t, r), s in before.items() if not r.startswith("cl_es"))
 
 
 def _without_snapshots(settings: dict) -> dict:
     return {k: v for k, v in settings.items() if k != "snapshots"}
+
+
+# --------------------------------------------------------------------------- settings per model (issue 30)
+
+
+def test_a_run_takes_its_model_s_then_its_task_s_settings_over_the_grid_s(config):
+    """models.<m>.es.settings over es.settings, models.<m>.per_task.<t>.es.settings over both; every run of
+    that model on that task takes them (ablations, snapshots, sequential stages); another model's runs keep
+    the grid's settings, key order included (Snakemake compares params by their repr: nothing of theirs reruns)."""
+    n = config["es"]["population_sizes"][0]
+    config["models"]["other"] = {"source": "default", "tasks": list(config["models"]["tiny"]["tasks"])}
+    before = {(t, r): repr(run_spec(config, "other", t, r).settings) for t, r in planned_runs(config, "other")}
+    config["models"]["tiny"]["es"] = {"settings": {"max_new_tokens": 48, "sigma": 0.02}}
+    config["models"]["tiny"]["per_task"] = {"countdown3": {"es": {"settings": {"sigma": 0.03}},
+                                                           "grpo": {"settings": {"steps": 7}}}}
+    assert trainer_settings(config, "es", "tiny", "countdown3")["sigma"] == 0.03
+    assert trainer_settings(config, "es", "tiny", "sum_yesno")["sigma"] == 0.02
+    assert trainer_settings(config, "es", "other", "countdown3") == config["es"]["settings"]
+    for run in (f"es-n{n}-s0", f"es-n{n}-norm_rank-s0", f"es-n{n}-it10-s0", "grpo-then-es-s0"):
+        settings = run_spec(config, "tiny", "countdown3", run).settings
+        assert (settings["max_new_tokens"], settings["sigma"]) == (48, 0.03), run
+    assert run_spec(config, "tiny", "sum_yesno", f"es-n{n}-s1").settings["sigma"] == 0.02
+    assert run_spec(config, "tiny", "countdown3", "es-then-grpo-s0").settings["steps"] == 7
+    assert run_spec(config, "tiny", "sum_yesno", "grpo-g8-s0").settings["steps"] == config["grpo"]["settings"]["steps"]
+    assert {(t, r): repr(run_spec(config, "other", t, r).settings) for t, r in before} == before
+
+
+def test_continual_stages_take_their_task_s_settings_and_stage_one_is_the_model_s(config):
+    order, n = config["sequential"]["continual"], config["es"]["population_sizes"][0]
+    config["models"]["tiny"]["per_task"] = {order[1]: {"es": {"settings": {"max_new_tokens": 40}}}}
+    assert run_spec(config, "tiny", order[1], "cl_es-s0-k2").settings["max_new_tokens"] == 40
+    assert run_spec(config, "tiny", order[2], "cl_es-s0-k3").settings["max_new_tokens"] == 24
+    # a continual budget that is one model's main budget and not the other's: stage 1 is that model's main run
+    its = config["es"]["settings"]["iterations"]
+    config["models"]["other"] = {"source": "default", "tasks": list(config["models"]["tiny"]["tasks"]),
+                                 "es": {"settings": {"iterations": its + 5}}}
+    config["sequential"]["continual_budget"] = {"es_iterations": its + 5}
+    assert continual_stage_one(config, "other", "es", 0) == (order[0], f"es-n{n}-s0", "cl_es-s0-k1")
+    assert continual_stage_one(config, "tiny", "es", 0) is None
+    assert (order[0], "cl_es-s0-k1") in planned_runs(config, "tiny")
+    assert (order[0], "cl_es-s0-k1") not in planned_runs(config, "other")
+    assert run_spec(config, "other", order[1], "cl_es-s0-k2").init == (order[0], f"es-n{n}-s0")
 
 
 def test_run_names_parse_back_to_what_formatted_them():
@@ -134,7 +177,7 @@ def test_run_names_parse_back_to_what_formatted_them():
 
 def test_bad_run_name_is_named(config):
     with pytest.raises(ValueError, match="'es-x-s0' is not a run name"):
-        run_spec(config, "countdown3", "es-x-s0")
+        run_spec(config, "tiny", "countdown3", "es-x-s0")
 
 
 def test_planned_runs_cover_the_grid_and_match_the_wildcard(config):
@@ -156,7 +199,7 @@ def test_planned_runs_cover_the_grid_and_match_the_wildcard(config):
                    for _, run in runs)
     for task, run in runs:
         assert re.fullmatch(RUN_PATTERN, run), run
-        run_spec(config, task, run)
+        run_spec(config, "tiny", task, run)
 
 
 def test_snapshot_runs_come_from_the_main_es_run(config):
@@ -164,14 +207,14 @@ def test_snapshot_runs_come_from_the_main_es_run(config):
     named es-n{N}-it{K}-s{seed} that starts from nothing but that run."""
     n = config["es"]["population_sizes"][0]
     config["es"].pop("snapshots", None)
-    assert "snapshots" not in run_spec(config, "countdown3", f"es-n{n}-s0").settings  # params unchanged
+    assert "snapshots" not in run_spec(config, "tiny", "countdown3", f"es-n{n}-s0").settings  # params unchanged
     config["es"]["snapshots"] = [10, 5]
-    main = run_spec(config, "countdown3", f"es-n{n}-s0")
+    main = run_spec(config, "tiny", "countdown3", f"es-n{n}-s0")
     assert main.settings["snapshots"] == [5, 10]
     for other in (f"es-n{n}-norm_rank-s0", "grpo-then-es-s0"):
-        assert not run_spec(config, "countdown3", other).settings.get("snapshots"), other
-    assert not run_spec(config, config["sequential"]["continual"][1], "cl_es-s0-k2").settings.get("snapshots")
-    snap = run_spec(config, "countdown3", f"es-n{n}-it5-s0")
+        assert not run_spec(config, "tiny", "countdown3", other).settings.get("snapshots"), other
+    assert not run_spec(config, "tiny", config["sequential"]["continual"][1], "cl_es-s0-k2").settings.get("snapshots")
+    snap = run_spec(config, "tiny", "countdown3", f"es-n{n}-it5-s0")
     assert snap.method == "snapshot" and snap.init == ("countdown3", f"es-n{n}-s0")
     assert snap.settings["iterations"] == 5 and snap.labels == {"population": n, "iterations": 5,
                                                                  "snapshot_of": f"es-n{n}-s0"}
@@ -180,7 +223,7 @@ def test_snapshot_runs_come_from_the_main_es_run(config):
         assert (task, f"es-n{n}-it5-s0") in runs and (task, f"es-n{n}-it10-s0") in runs
     for bad in (f"es-n{n}-it7-s0", "es-n999-it5-s0"):
         with pytest.raises(ValueError, match="only the main ES run"):
-            run_spec(config, "countdown3", bad)
+            run_spec(config, "tiny", "countdown3", bad)
     assert re.fullmatch(TRAINED_RUN_PATTERN, f"es-n{n}-s0") and not re.fullmatch(TRAINED_RUN_PATTERN,
                                                                                     f"es-n{n}-it5-s0")
     assert re.fullmatch(SNAPSHOT_RUN_PATTERN, f"es-n{n}-it5-s0") and not re.fullmatch(SNAPSHOT_RUN_PATTERN,

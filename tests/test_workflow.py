@@ -332,3 +332,71 @@ def test_an_identical_rerun_gives_byte_identical_tables(ci_workflow, tmp_path):
     assert not differ, differ
     remade = [name for name in tables if (results / "tables" / name).stat().st_mtime > started]
     assert "claims.csv" in remade and "b_passk.csv" in remade, remade
+
+
+# --------------------------------------------------------------------------- settings per model (issue 30)
+
+
+def _snakemake(workdir: Path, configfile: Path, *args: str) -> str:
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "snakemake", "--snakefile", str(REPO / "Snakefile"),
+                          "--directory", str(workdir), f"--configfile={configfile}", *args],
+                         cwd=REPO, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    return out.stdout + out.stderr
+
+
+def _jobs_to_run(text: str) -> set[tuple[str, str]]:
+    """(rule, model) of every job a `snakemake -n` output lists."""
+    import re
+
+    jobs = re.findall(r"^rule (\w+):\n((?:    .*\n)+)", text, re.M)
+    return {(rule, re.search(r"wildcards: .*model=(\w+)", body)[1]) for rule, body in jobs if "wildcards:" in body}
+
+
+def test_a_changed_model_override_reruns_that_model_s_jobs_only(tmp_path):
+    """Two models from one base folder, trained and evaluated for real; then one model's es.settings override
+    changes, then the other's eval override: each time Snakemake (its params trigger: a run's params are its
+    merged settings) has exactly that model's affected jobs to run, and none of the other model's."""
+    import yaml
+
+    from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
+    from esgrpo.models.loading import save_model
+
+    base = tmp_path / "base_model"
+    tokenizer = train_tokenizer(["Is 3 + 4 = 7? yes", "Is 2 + 2 = 5? no", "system user assistant"], vocab_size=300)
+    save_model(build_tiny_llama(tokenizer, TinyLlamaSpec(), seed=0), tokenizer, base)
+    config = {
+        "results_dir": "results/two", "tasks": {"sum_yesno": {"train_size": 16, "test_size": 4}},
+        "models": {m: {"source": str(base), "tasks": ["sum_yesno"]} for m in ("a", "b")},
+        "eval": {"n_samples": 2, "ks": [1, 2], "test_size": 4, "max_new_tokens": 6},
+        "es": {"population_sizes": [2], "settings": {"sigma": 0.01, "alpha": 0.005, "iterations": 1,
+                                                     "prompts_per_iteration": 4, "max_new_tokens": 6}},
+    }
+    configfile = tmp_path / "two.yaml"
+    configfile.write_text(yaml.safe_dump(config))
+    targets = [f"results/two/{m}/{path}" for m in ("a", "b") for path in ("base/eval.json",
+                                                                          "sum_yesno/es-n2-s0/eval.json")]
+    _snakemake(tmp_path, configfile, "--cores", "2", *targets)
+    assert _jobs_to_run(_snakemake(tmp_path, configfile, "-n", *targets)) == set()
+
+    config["models"]["b"]["es"] = {"settings": {"max_new_tokens": 8}}
+    configfile.write_text(yaml.safe_dump(config))
+    assert _jobs_to_run(_snakemake(tmp_path, configfile, "-n", *targets)) == {("train_run", "b"), ("eval_run", "b")}
+    # each output's status (`--summary`; Snakemake 9.27's --list-params-changes also lists the last output of
+    # every unchanged job: its ParamsChange.__or__ keeps the files of an empty change)
+    rows = [line.split("\t") for line in _snakemake(tmp_path, configfile, "--summary", *targets).splitlines()]
+    status = {row[0]: row[4] for row in rows if len(row) > 4 and row[0].startswith("results/two/")}
+    run = "results/two/b/sum_yesno/es-n2-s0"
+    assert {path for path, s in status.items() if s == "params changed"} == {
+        f"{run}/{name}" for name in ("model", "metrics.jsonl", "summary.json")}, status
+    assert {s for path, s in status.items() if path.startswith("results/two/a/")} == {"ok"}, status
+
+    config["models"]["b"].pop("es")
+    config["models"]["a"]["eval"] = {"max_new_tokens": 8}
+    configfile.write_text(yaml.safe_dump(config))
+    assert _jobs_to_run(_snakemake(tmp_path, configfile, "-n", *targets)) == {("eval_base", "a"), ("eval_run", "a")}

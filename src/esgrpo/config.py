@@ -14,6 +14,7 @@ from typing import Any
 
 from esgrpo.es.settings import LOWRANK_ON_VLLM, ESConfig
 from esgrpo.grpo.settings import GRPOSettings
+from esgrpo.runs import continual_stage_one, eval_settings, trainer_settings
 from esgrpo.settings import yaml_number_hint
 from esgrpo.tasks.base import prompt_setting
 from esgrpo.tasks.registry import TASKS, get_task
@@ -153,7 +154,7 @@ def _check_trainers(config: dict) -> None:
     tasks = set(config["tasks"])
     for block in ("es", "grpo"):
         if block in config:
-            _check_overridden(block, config[block]["settings"])
+            _check_overridden(f"{block}.settings", block, config[block]["settings"])
     if "es" in config:
         _check_settings("es.settings", ESConfig, config["es"]["settings"],
                         population_size=config["es"]["population_sizes"][0])
@@ -170,9 +171,50 @@ def _check_trainers(config: dict) -> None:
     if "grpo" in config:
         _check_settings("grpo.settings", GRPOSettings, config["grpo"]["settings"],
                         num_generations=config["grpo"]["group_sizes"][0])
-    for model, spec in config["models"].items():
-        if "reward_rules" in (spec.get("eval") or {}):
-            raise ConfigError(f"models.{model}.eval.reward_rules: set by {OVERRIDDEN['es']['reward_rules']}, not here")
+    for model in config["models"]:
+        _check_model_settings(config, model)
+
+
+# ES settings that the run names say for the whole grid (the main runs' noise rank): not a model's to change.
+GRID_ES_SETTINGS = {"noise": "es.settings.noise (the run names say the noise rank: es-n16-r4-s0)",
+                    "rank": "es.settings.rank (the run names say the noise rank: es-n16-r4-s0)"}
+
+
+def _check_model_settings(config: dict, model: str) -> None:
+    """A model's overrides of es.settings / grpo.settings (`models.<model>.es.settings`, and per training task
+    `models.<model>.per_task.<task>.es.settings`): blocks the config has, tasks the model trains on, keys its
+    trainer knows that no other key sets; then every (task, method) the model trains builds its settings."""
+    spec = config["models"][model]
+    overrides = [(f"models.{model}.{m}.settings", m, (spec.get(m) or {}).get("settings")) for m in ("es", "grpo")]
+    for task, blocks in (spec.get("per_task") or {}).items():
+        if task not in spec["tasks"]:
+            raise ConfigError(f"models.{model}.per_task.{task}: {model} does not train on {task}; "
+                              f"allowed: {spec['tasks']} (its tasks)")
+        overrides += [(f"models.{model}.per_task.{task}.{m}.settings", m, (blocks.get(m) or {}).get("settings"))
+                      for m in ("es", "grpo")]
+    for key, method, settings in overrides:
+        if settings is None:
+            continue
+        if method not in config:
+            raise ConfigError(f"{key}: the config has no {method} block for it to override")
+        _check_overridden(key, method, settings)
+        for name, use in GRID_ES_SETTINGS.items() if method == "es" else ():
+            if name in settings:
+                raise ConfigError(f"{key}.{name}: one for the whole grid: {use}, not per model")
+        _check_keys(key, ESConfig if method == "es" else GRPOSettings, settings)
+    if not any(settings is not None for *_, settings in overrides):
+        return
+    es, grpo = config.get("es"), config.get("grpo")
+    for task in spec["tasks"]:
+        on_task = (spec.get("per_task") or {}).get(task) or {}
+        where = {m: f"models.{model}{f'.per_task.{task}' if m in on_task else ''}.{m}.settings "
+                    f"(merged over {m}.settings, on {task})" for m in ("es", "grpo")}
+        if es:
+            _check_settings(where["es"], ESConfig, trainer_settings(config, "es", model, task),
+                            population_size=es["population_sizes"][0], snapshots=list(es.get("snapshots") or []))
+        if grpo:
+            _check_settings(where["grpo"], GRPOSettings, trainer_settings(config, "grpo", model, task),
+                            num_generations=grpo["group_sizes"][0])
 
 
 def _check_sequential(config: dict) -> None:
@@ -183,17 +225,35 @@ def _check_sequential(config: dict) -> None:
     bad_order = [t for t in seq.get("continual", []) if t not in tasks]
     if bad_order:
         raise ConfigError(f"sequential.continual: {bad_order} are not in the tasks block; allowed: {sorted(tasks)}")
+    _check_stage_one(config)
+
+
+def _check_stage_one(config: dict) -> None:
+    """Stage 1 of a continual sequence is the main run for every model or for none (the tables read one
+    grid-wide alias, esgrpo.report.planning): a model's own budget may not split it."""
+    seq = config.get("sequential") or {}
+    if not seq.get("continual"):
+        return
+    for method in [m for m in seq.get("continual_methods", ["es", "grpo"]) if config.get(m)]:
+        for seed in config[method].get("seeds", [0]):
+            aliased = {m: continual_stage_one(config, m, method, seed) is not None for m in config["models"]}
+            if len(set(aliased.values())) > 1:
+                raise ConfigError(
+                    f"models.<model>.{method}.settings: sequential.continual_budget equals the main {method} run's "
+                    f"budget for {sorted(m for m, a in aliased.items() if a)} and not for "
+                    f"{sorted(m for m, a in aliased.items() if not a)}: stage 1 of the continual sequence would be "
+                    f"the main run for some models only; give those models the same budget")
 
 
 def _check_eval(config: dict) -> None:
     """eval.ks within n_samples; engine blocks (vllm.LLM arguments) only with the vllm backend."""
     ev = config.get("eval", {})
-    n = ev.get("n_samples", 32)
-    bad = [k for k in ev.get("ks", []) if k > n]
-    if bad:
-        raise ConfigError(f"eval.ks: {bad} exceed eval.n_samples={n}; every k must be <= n_samples")
-    for key, block in [("eval", ev)] + [(f"models.{m}.eval", {**ev, **spec.get("eval", {})})
-                                        for m, spec in config["models"].items()]:
+    for key, block in [("eval", ev)] + [(f"models.{m}.eval", eval_settings(config, m)) for m in config["models"]]:
+        n = block.get("n_samples", 32)
+        bad = [k for k in block.get("ks", []) if k > n]
+        if bad:
+            merged = "" if key == "eval" else " (merged over eval)"
+            raise ConfigError(f"{key}.ks: {bad} exceed n_samples={n}{merged}; every k must be <= n_samples")
         _check_engine_block(f"{key}.engine", block.get("engine") or {}, block.get("backend", "hf"), _EVAL_ENGINE_OWN)
     es = config.get("es") or {}
     _check_engine_block("es.engine", {k: v for k, v in (es.get("engine") or {}).items()
@@ -229,25 +289,29 @@ MAIN_ES_VALUES = {"normalization": ("zscore", "es.ablations.normalization"),
                   "antithetic": (False, "es.ablations.antithetic")}
 
 
-def _check_overridden(block: str, settings: dict) -> None:
-    """Refuse a trainer setting that another key overrides, naming the key to use."""
+def _check_overridden(key: str, block: str, settings: dict) -> None:
+    """Refuse a trainer setting (at `key`, of trainer `block`) that another key overrides, naming the key to use."""
     for name, use in OVERRIDDEN[block].items():
         if name in settings:
-            raise ConfigError(f"{block}.settings.{name}: set by {use}, not here")
+            raise ConfigError(f"{key}.{name}: set by {use}, not here")
     for name, (main, use) in MAIN_ES_VALUES.items() if block == "es" else ():
         if name in settings and settings[name] != main:
-            raise ConfigError(f"{block}.settings.{name}: the main runs use {main!r}; ablation runs take theirs "
-                              f"from {use}")
+            raise ConfigError(f"{key}.{name}: the main runs use {main!r}; ablation runs take theirs from {use}")
+
+
+def _check_keys(key: str, settings_class, settings: dict) -> None:
+    """An unknown setting lists the keys allowed here (not those another key sets, OVERRIDDEN)."""
+    fields = {f.name for f in dataclasses.fields(settings_class)}
+    unknown = sorted(set(settings) - fields)
+    if unknown:
+        allowed = sorted(fields - set(OVERRIDDEN["es" if settings_class is ESConfig else "grpo"]))
+        raise ConfigError(f"{key}: unknown setting(s) {unknown}; allowed: {allowed}")
 
 
 def _check_settings(key: str, settings_class, settings: dict, **grid_values) -> None:
     """Build the trainer's settings once so a typo stops the workflow before any job runs; an unknown key
     lists the keys allowed here (not those another key sets, OVERRIDDEN)."""
-    fields = {f.name for f in dataclasses.fields(settings_class)}
-    unknown = sorted(set(settings) - fields)
-    if unknown:
-        allowed = sorted(fields - set(OVERRIDDEN[key.split(".")[0]]))
-        raise ConfigError(f"{key}: unknown setting(s) {unknown}; allowed: {allowed}")
+    _check_keys(key, settings_class, settings)
     try:
         settings_class.from_dict({**settings, **grid_values})
     except (TypeError, ValueError) as err:
@@ -258,8 +322,9 @@ def software_env(config: dict) -> str:
     """'gpu' when any job of the config needs CUDA or vLLM (envs/gpu.yaml), else 'cpu' (envs/cpu.yaml)."""
     evals = [config.get("eval", {})] + [spec.get("eval", {}) for spec in config["models"].values()]
     gpu_eval = any(ev.get("backend") == "vllm" or str(ev.get("device", "cpu")).startswith("cuda") for ev in evals)
-    gpu_train = bool((config.get("grpo") or {}).get("settings", {}).get("use_vllm")) \
-        or (config.get("es") or {}).get("backend") == "vllm"
+    grpo_vllm = "grpo" in config and any(trainer_settings(config, "grpo", m, t).get("use_vllm")
+                                         for m, spec in config["models"].items() for t in spec["tasks"])
+    gpu_train = grpo_vllm or (config.get("es") or {}).get("backend") == "vllm"
     return "gpu" if gpu_eval or gpu_train else "cpu"
 
 

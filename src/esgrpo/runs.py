@@ -17,7 +17,12 @@ people read the same thing:
 | `es-n16-it10-s0`           | `es-n16-s0` after 10 of its iterations (`es.snapshots`):    |
 |                            | exported by that run, not trained again                     |
 
-Continual stages train with the main run's settings, except for a budget of their own where
+A run's settings are the config's `es.settings` / `grpo.settings`, under its model's own
+(`models.<model>.es.settings`) and, where given, the model's on the run's task
+(`models.<model>.per_task.<task>.es.settings`): `trainer_settings`. They are the train job's Snakemake
+params, so changing one model's override reruns that model's runs only.
+
+Continual stages train with the main run's settings (each on its own task), except for a budget of their own where
 `sequential.continual_budget` gives one (paper A: 100 ES iterations and ~79 GRPO steps per task,
 docs/references.md). Stage 1 (the method on order[0] from the base) is then the main run on
 order[0] itself when their budgets agree, so it is not trained twice: `cl_es-s0-k2` starts from
@@ -169,8 +174,25 @@ def reward_rules_setting(config: dict) -> dict:
     return {} if rules is None else {"reward_rules": rules}
 
 
-def _es_settings(config: dict, seed: int, **overrides) -> dict:
-    return {**config["es"]["settings"], "seed": seed, **reward_rules_setting(config), **overrides}
+def trainer_settings(config: dict, method: str, model: str, task: str) -> dict:
+    """`method`'s settings block ("es" | "grpo") as `model` trains on `task`: `{method}.settings`, then the
+    model's (`models.<model>.{method}.settings`), then the model's on that task
+    (`models.<model>.per_task.<task>.{method}.settings`). Without overrides the block itself, key order
+    included (Snakemake compares params by their repr)."""
+    spec = config["models"][model]
+    own = (spec.get(method) or {}).get("settings") or {}
+    on_task = ((((spec.get("per_task") or {}).get(task) or {}).get(method) or {}).get("settings")) or {}
+    return {**config[method]["settings"], **own, **on_task}
+
+
+def eval_settings(config: dict, model: str) -> dict:
+    """The eval block as `model`'s checkpoints are evaluated: `eval`, then `models.<model>.eval` (one
+    setting for all of a model's evaluations: its base and every run are measured alike)."""
+    return {**(config.get("eval") or {}), **(config["models"][model].get("eval") or {})}
+
+
+def _es_settings(config: dict, model: str, task: str, seed: int, **overrides) -> dict:
+    return {**trainer_settings(config, "es", model, task), "seed": seed, **reward_rules_setting(config), **overrides}
 
 
 def _noise_settings(config: dict, rank: int | None) -> dict:
@@ -181,19 +203,20 @@ def _noise_settings(config: dict, rank: int | None) -> dict:
     return {"noise": "full"} if rank is None else {"noise": "lowrank", "rank": int(rank)}
 
 
-def _grpo_settings(config: dict, seed: int, **overrides) -> dict:
-    return {**config["grpo"]["settings"], "seed": seed, **reward_rules_setting(config), **overrides}
+def _grpo_settings(config: dict, model: str, task: str, seed: int, **overrides) -> dict:
+    return {**trainer_settings(config, "grpo", model, task), "seed": seed, **reward_rules_setting(config),
+            **overrides}
 
 
-def run_spec(config: dict, task: str, run: str) -> RunSpec:
-    """The spec of `run` on `task`; ValueError naming the run when it is not a valid name."""
+def run_spec(config: dict, model: str, task: str, run: str) -> RunSpec:
+    """The spec of `model`'s `run` on `task`; ValueError naming the run when it is not a valid name."""
     name = parse_run_name(run)
     seed = name.seed
     if name.family == "es":
         n, norm, anti = name.population, name.normalization, name.antithetic
         # Only the main run exports snapshots; other runs' settings (Snakemake params) carry no key
         snapshots = es_snapshots(config) if run == main_es_name(config, seed) else []
-        settings = _es_settings(config, seed, population_size=n, normalization=norm, antithetic=anti,
+        settings = _es_settings(config, model, task, seed, population_size=n, normalization=norm, antithetic=anti,
                                 **_noise_settings(config, name.rank), **({"snapshots": snapshots} if snapshots else {}))
         labels = {"population": n, "normalization": norm, "antithetic": anti}
         return RunSpec("es", settings, seed, labels=labels if name.rank is None else {**labels, "rank": name.rank})
@@ -203,23 +226,23 @@ def run_spec(config: dict, task: str, run: str) -> RunSpec:
         if parent != main_es_name(config, seed) or it not in es_snapshots(config):
             raise ValueError(f"run {run!r}: only the main ES run ({main_es_name(config, seed)}) exports "
                              f"snapshots, at es.snapshots = {es_snapshots(config)}")
-        settings = {**_no_snapshots(run_spec(config, task, parent).settings), "iterations": it}
+        settings = {**_no_snapshots(run_spec(config, model, task, parent).settings), "iterations": it}
         return RunSpec("snapshot", settings, seed, init=(task, parent),
                        labels={"population": n, "iterations": it, "snapshot_of": parent})
     if name.family == "grpo":
-        return RunSpec("grpo", _grpo_settings(config, seed, num_generations=name.group), seed,
+        return RunSpec("grpo", _grpo_settings(config, model, task, seed, num_generations=name.group), seed,
                        labels={"group": name.group})
     if name.family == "sequential":
         first, second = name.first, name.method
         if first == second:
             raise ValueError(f"run {run!r}: a sequential run needs two different methods")
-        spec = run_spec(config, task, main_name(config, second, seed))
+        spec = run_spec(config, model, task, main_name(config, second, seed))
         return RunSpec(second, _no_snapshots(spec.settings), seed, init=(task, main_name(config, first, seed)),
                        labels={"sequence": f"{first}->{second}"})
-    return _continual_spec(config, task, run, name)
+    return _continual_spec(config, model, task, run, name)
 
 
-def _continual_spec(config: dict, task: str, run: str, name: RunName) -> RunSpec:
+def _continual_spec(config: dict, model: str, task: str, run: str, name: RunName) -> RunSpec:
     method, seed, stage = name.method, name.seed, name.stage
     order = config["sequential"]["continual"]
     if not 1 <= stage <= len(order):
@@ -229,26 +252,27 @@ def _continual_spec(config: dict, task: str, run: str, name: RunName) -> RunSpec
     if stage == 1:
         init = None
     elif stage == 2:
-        init = continual_stage_one_run(config, method, seed)
+        init = continual_stage_one_run(config, model, method, seed)
     else:
         init = (order[stage - 2], continual_name(method, seed, stage - 1))
-    return RunSpec(method, _continual_settings(config, method, seed), seed, init=init, labels={"stage": stage})
+    return RunSpec(method, _continual_settings(config, model, task, method, seed), seed, init=init,
+                   labels={"stage": stage})
 
 
 # sequential.continual_budget key -> (method, the setting it sets)
 CONTINUAL_BUDGET_KEYS = {"es_iterations": ("es", "iterations"), "grpo_steps": ("grpo", "steps")}
 
 
-def _main_settings(config: dict, method: str, seed: int) -> dict:
-    """The main run's settings on the first continual task, without its snapshots."""
-    task = config["sequential"]["continual"][0]
-    return _no_snapshots(run_spec(config, task, main_name(config, method, seed)).settings)
+def _main_settings(config: dict, model: str, task: str, method: str, seed: int) -> dict:
+    """The settings of `model`'s main run of `method` on `task`, without its snapshots."""
+    return _no_snapshots(run_spec(config, model, task, main_name(config, method, seed)).settings)
 
 
-def _continual_settings(config: dict, method: str, seed: int) -> dict:
-    """A continual stage's settings: the main run's, at `sequential.continual_budget`'s budget if given."""
+def _continual_settings(config: dict, model: str, task: str, method: str, seed: int) -> dict:
+    """A continual stage's settings on `task`: the main run's there, at `sequential.continual_budget`'s budget
+    if given."""
     budget = (config.get("sequential") or {}).get("continual_budget") or {}
-    return {**_main_settings(config, method, seed),
+    return {**_main_settings(config, model, task, method, seed),
             **{setting: int(budget[key]) for key, (m, setting) in CONTINUAL_BUDGET_KEYS.items()
                if m == method and key in budget}}
 
@@ -293,7 +317,7 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
         if not (es if method == "es" else grpo):
             continue
         for s in (es if method == "es" else grpo)["seeds"]:
-            runs.append(continual_stage_one_run(config, method, s))
+            runs.append(continual_stage_one_run(config, model, method, s))
             runs += [(t, continual_name(method, s, k)) for k, t in enumerate(seq["continual"], 1) if k >= 2]
     seen, unique = set(), []
     for item in runs:
@@ -303,18 +327,19 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
     return unique
 
 
-def continual_stage_one(config: dict, method: str, seed: int) -> tuple[str, str, str] | None:
-    """(task, run, alias): the main run that is stage 1 of the continual sequence of `method` and
+def continual_stage_one(config: dict, model: str, method: str, seed: int) -> tuple[str, str, str] | None:
+    """(task, run, alias): `model`'s main run that is stage 1 of the continual sequence of `method` and
     `seed`, and the continual name tables give it (``cl_es-s0-k1``); None when the continual budget
     differs from the main run's, so stage 1 is the run ``cl_es-s0-k1`` itself."""
     order = config["sequential"]["continual"]
     main = main_name(config, method, seed)
-    if _continual_settings(config, method, seed) != _main_settings(config, method, seed):
+    if _continual_settings(config, model, order[0], method, seed) != _main_settings(config, model, order[0],
+                                                                                     method, seed):
         return None
     return order[0], main, continual_name(method, seed, 1)
 
 
-def continual_stage_one_run(config: dict, method: str, seed: int) -> tuple[str, str]:
-    """(task, run) trained as stage 1: the main run on order[0], or ``cl_es-s0-k1`` when budgets differ."""
-    alias = continual_stage_one(config, method, seed)
+def continual_stage_one_run(config: dict, model: str, method: str, seed: int) -> tuple[str, str]:
+    """(task, run) `model` trains as stage 1: the main run on order[0], or ``cl_es-s0-k1`` when budgets differ."""
+    alias = continual_stage_one(config, model, method, seed)
     return alias[:2] if alias else (config["sequential"]["continual"][0], continual_name(method, seed, 1))

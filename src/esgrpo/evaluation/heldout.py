@@ -73,8 +73,8 @@ def benchmark_settings(config: dict, name: str) -> dict:
     return settings
 
 
-def heldout_checkpoints(config: dict) -> list[tuple[str, str]]:
-    """(train task, run) of every checkpoint the benchmarks evaluate, ``(base, base)`` for the base model:
+def heldout_checkpoints(config: dict, model: str) -> list[tuple[str, str]]:
+    """(train task, run) of every checkpoint of `model` the benchmarks evaluate, ``(base, base)`` for its base:
     the kinds in ``heldout_benchmarks.checkpoints`` (default: base and the final continual stage)."""
     block = heldout_block(config)
     if not block.get("benchmarks"):
@@ -88,7 +88,7 @@ def heldout_checkpoints(config: dict) -> list[tuple[str, str]]:
             trainer = config.get(method)
             for seed in trainer.get("seeds", [0]) if trainer else []:
                 # stage 1 may be the main run itself (esgrpo.runs.continual_stage_one)
-                out.append(continual_stage_one_run(config, method, seed) if len(order) == 1
+                out.append(continual_stage_one_run(config, model, method, seed) if len(order) == 1
                            else (order[-1], continual_name(method, seed, len(order))))
     return out
 
@@ -101,7 +101,7 @@ def heldout_files(config: dict, results: str, suffix: str = ".json") -> list[str
     """Every job's output under the grid's folder `results` (``suffix`` ``.json``: the summary;
     ``_prompts.jsonl``: the per-prompt rows)."""
     return [f"{checkpoint_dir(results, model, task, run)}/heldout/{name}{suffix}"
-            for model in config["models"] for task, run in heldout_checkpoints(config)
+            for model in config["models"] for task, run in heldout_checkpoints(config, model)
             for name in benchmark_names(config)]
 
 

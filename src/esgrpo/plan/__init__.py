@@ -24,6 +24,7 @@ from esgrpo.plan.grid import (
     gpu_hours_by_rule,
     plan_config,
     plan_row,
+    settings_per_model,
     total_gpu_hours,
     train_job,
     write_plan,
@@ -33,5 +34,5 @@ from esgrpo.plan.jobs import JobPlan, JobSpec, check_fits, plan_job
 __all__ = [
     "GPU_TYPES", "Architecture", "GpuType", "JobPlan", "JobSpec", "PlanError", "PlanSettings", "Planner", "analysis_job",
     "architecture_for", "cost_row", "check_fits", "config_jobs", "eval_job", "from_config_json", "gpu_hours_by_rule",
-    "gpu_type", "plan_config", "plan_job", "plan_row", "shipped", "total_gpu_hours", "train_job", "write_plan",
+    "gpu_type", "plan_config", "plan_job", "plan_row", "settings_per_model", "shipped", "total_gpu_hours", "train_job", "write_plan",
 ]

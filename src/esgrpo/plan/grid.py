@@ -27,6 +27,7 @@ from esgrpo.plan.prompts import (
     plan_tokens,
     tokenizer_files,
 )
+from esgrpo.runs import eval_settings, trainer_settings
 
 # Test rows the Hub loaders give when the config's test_size is null (esgrpo.tasks.hub: paper sizes).
 TEST_ROWS = {"countdown": 2000, "math": 500, "chemistry": 2000, "boolq": 2000, "gsm8k": 1319}
@@ -125,11 +126,6 @@ def _test_rows(config: dict[str, Any], task: str, limit: int | None) -> int:
     return min(rows, int(limit)) if limit else rows
 
 
-def eval_params(config: dict[str, Any], model: str) -> dict[str, Any]:
-    """The global eval block overridden per model (as rules/common.smk's eval_params)."""
-    return {**(config.get("eval") or {}), **(config["models"][model].get("eval") or {})}
-
-
 # --------------------------------------------------------------------------- one job
 
 
@@ -139,7 +135,7 @@ def train_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arc
     from esgrpo.runs import run_spec
 
     lengths = lengths or PromptTokens(config, settings)
-    spec = run_spec(config, task, run)
+    spec = run_spec(config, model, task, run)
     s = spec.settings
     common = dict(rule="train_run", model=model, task=task, run=run, architecture=arch,
                   gpu_type=settings.gpu_type, prompt_tokens=lengths(model, task, "train"),
@@ -172,7 +168,7 @@ def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arch
     from esgrpo.config import model_eval_tasks
 
     lengths = lengths or PromptTokens(config, settings)
-    ev = eval_params(config, model)
+    ev = eval_settings(config, model)
     tasks = model_eval_tasks(config, model)
     prompts = sum(_test_rows(config, t, ev.get("test_size")) for t in tasks)
     on_vllm = ev.get("backend", "hf") == "vllm"
@@ -199,7 +195,7 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
     model, kind, task, name = parts[-4], parts[-3], parts[-2], Path(parts[-1]).stem
     analysis = analysis_config(config)
     base = eval_job(config, model, task, name, arch, settings, lengths)
-    ev = {**eval_params(config, model), **(analysis.get("eval") or {})}
+    ev = {**eval_settings(config, model), **(analysis.get("eval") or {})}
     samples = int(ev.get("n_samples", 8)) + (1 if ev.get("greedy", True) else 0)
     prompts = base.prompts if not ev.get("test_size") else min(base.prompts, int(ev["test_size"]))
     rule = f"analysis_{kind}"
@@ -208,7 +204,7 @@ def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings
         # its start (esgrpo.workflow.stages.analysis.drift_stage): planned as three copies for every run, the
         # rehearsal's drift of a main run measured 1.32 GiB PSS against 2.0 GiB planned
         if kind == "drift":
-            copies = 2 if run_spec(config, task, name).init is None else 3
+            copies = 2 if run_spec(config, model, task, name).init is None else 3
         elif kind == "cosine":  # named by its seed: the deltas of its pairs' runs (rules/common.smk,
             seed = int(name.removeprefix("s"))  # analysis_cosine_pairs): ES and GRPO, and the next seed's of each
             copies = 2 + sum(next_seed(config, method, seed) is not None for method in ("es", "grpo"))
@@ -237,7 +233,7 @@ def base_samples_job(config: dict[str, Any], model: str, evaltask: str, arch: Ar
     from esgrpo.analysis.settings import analysis_config
 
     kl = analysis_config(config)["kl"]
-    ev = eval_params(config, model)
+    ev = eval_settings(config, model)
     on_gpu = str(ev.get("device", "cpu")).startswith("cuda") or ev.get("backend") == "vllm"
     return JobSpec(rule="analysis_base_samples", model=model, task=evaltask, run="base", method="eval",
                    architecture=arch, device=settings.device(on_gpu), gpu_type=settings.gpu_type, gpus=1,
@@ -256,7 +252,7 @@ def heldout_jobs(config: dict[str, Any], model: str, arch: Architecture, setting
 
     limit = heldout.runtime_minutes(config)
     out = []
-    for task, run in heldout.heldout_checkpoints(config):
+    for task, run in heldout.heldout_checkpoints(config, model):
         ev = eval_job(config, model, task, run, arch, settings, lengths)
         out += [replace(ev, rule="heldout_base" if run == "base" else "heldout_run", run=f"{run}:{bench}",
                         time_limit=limit) for bench in heldout.benchmark_names(config)]
@@ -367,7 +363,7 @@ class Planner:
         self.all()
 
     def write(self, csv_path: str | Path, md_path: str | Path | None = None) -> None:
-        write_plan(self.all(), csv_path, md_path, self.lengths.sources)
+        write_plan(self.all(), csv_path, md_path, self.lengths.sources, settings_per_model(self.config))
 
 
 # --------------------------------------------------------------------------- plan.csv / plan.md
@@ -403,10 +399,35 @@ def gpu_hours_by_rule(plans: list[JobPlan]) -> dict[str, float]:
     return out
 
 
+def settings_per_model(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every setting a model's runs or evaluations take other than the grid's block (models.<model>.es / grpo /
+    eval, per_task): model, task ("" for all the model's tasks, and for eval), block, key, the model's value and
+    the grid's (None where the block has no such key). Empty for a grid without overrides."""
+    rows = []
+    for model, spec in config["models"].items():
+        for block in ("es", "grpo"):
+            if block not in config:
+                continue
+            grid = config[block]["settings"]
+            merged = {task: trainer_settings(config, block, model, task) for task in spec["tasks"]}
+            keys = dict.fromkeys(k for m in merged.values() for k in m if m[k] != grid.get(k, object()))
+            for key in keys:
+                values = {task: m[key] for task, m in merged.items()}
+                everywhere = len({repr(v) for v in values.values()}) == 1
+                for task, value in ([("", next(iter(values.values())))] if everywhere else values.items()):
+                    rows.append({"model": model, "task": task, "block": f"{block}.settings", "key": key,
+                                 "value": value, "grid": grid.get(key)})
+        ev, grid = eval_settings(config, model), config.get("eval") or {}
+        rows += [{"model": model, "task": "", "block": "eval", "key": k, "value": v, "grid": grid.get(k)}
+                 for k, v in ev.items() if k not in grid or grid[k] != v]
+    return rows
+
+
 def write_plan(plans: list[JobPlan], csv_path: str | Path, md_path: str | Path | None = None,
-               prompt_sources: dict[tuple[str, str, str], str] | None = None) -> None:
-    """plan.csv (every column) and plan.md (the main ones, GPU-hours by rule, and where each prompt
-    length came from: `PromptTokens.sources`)."""
+               prompt_sources: dict[tuple[str, str, str], str] | None = None,
+               model_settings: list[dict[str, Any]] | None = None) -> None:
+    """plan.csv (every column) and plan.md (the main ones, GPU-hours by rule, where each prompt length came
+    from: `PromptTokens.sources`, and the settings a model has of its own: `settings_per_model`)."""
     rows = [plan_row(p) for p in plans]
     csv_path = Path(csv_path)
     csv_path.parent.mkdir(parents=True, exist_ok=True)
@@ -426,6 +447,10 @@ def write_plan(plans: list[JobPlan], csv_path: str | Path, md_path: str | Path |
     lines += [f"| **total** | **{total:.1f}** |", "",
               "Runtimes cost every completion at its max_new_tokens (an upper bound); GPU memory is per GPU; "
               "see esgrpo/plan for every constant."]
+    if model_settings:
+        lines += ["", "| settings of a model's own | task | setting | value | the grid's |", "|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {r['task'] or 'all'} | {r['block']}.{r['key']} | {r['value']} | {r['grid']} |"
+                  for r in model_settings]
     if prompt_sources:
         lines += ["", "| prompt tokens of | model | split | from |", "|---|---|---|---|"]
         lines += [f"| {task} | {model} | {split} | {source} |"

@@ -14,7 +14,7 @@ from pathlib import Path
 from esgrpo.analysis.settings import ANALYSES
 from esgrpo.config import judged_on
 from esgrpo.evaluation.heldout import heldout_files
-from esgrpo.runs import config_rank, continual_stage_one, parse_run_name, planned_runs
+from esgrpo.runs import config_rank, continual_stage_one, eval_settings, parse_run_name, planned_runs
 
 BASE = "base"  # the base model's evaluation folder and the "run" of its rows
 METHOD = {"base": "base", "es": "ES", "grpo": "GRPO", "es->grpo": "ES->GRPO", "grpo->es": "GRPO->ES",
@@ -73,7 +73,7 @@ def paper_setup(config: dict) -> dict:
     seq = config.get("sequential") or {}
     models, ks, n_samples, judged = {}, {}, {}, {}
     for model, spec in config["models"].items():
-        ev = {**config.get("eval", {}), **spec.get("eval", {})}
+        ev = eval_settings(config, model)
         n = int(ev.get("n_samples", 32))
         models[model] = list(spec["tasks"])
         judged[model] = {task: judged_on(config, model, task) for task in spec["tasks"]}
@@ -81,7 +81,9 @@ def paper_setup(config: dict) -> dict:
         n_samples[model] = n
     continual = list(seq.get("continual") or [])
     methods = [m for m in seq.get("continual_methods", ["es", "grpo"]) if config.get(m)] if continual else []
-    aliased = [continual_stage_one(config, m, s) for m in methods for s in config[m].get("seeds", [0])]
+    # one for every model (esgrpo.config checks that the models' own settings do not split it)
+    first = next(iter(config["models"]))
+    aliased = [continual_stage_one(config, first, m, s) for m in methods for s in config[m].get("seeds", [0])]
     stage_one = [dict(zip(("task", "run", "alias"), a, strict=True)) for a in aliased if a]
     return {
         "models": models,
