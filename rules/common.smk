@@ -9,7 +9,8 @@ from pathlib import Path
 from snakemake.logging import logger
 
 from esgrpo.live import ENV as LIVE_ENV
-from esgrpo.analysis.settings import analysis_config, analysis_eval_settings, main_run_seeds, next_seed
+from esgrpo.analysis.jobs import analysis_jobs
+from esgrpo.analysis.settings import analysis_config, analysis_eval_settings, next_seed
 from esgrpo.evaluation import heldout
 from esgrpo.config import (
     check_config,
@@ -321,49 +322,10 @@ ANALYSIS = analysis_config(config)
 ANALYSIS_DIR = f"{RESULTS}/analysis"
 
 
-def analysis_pair_seeds():
-    """Seeds with both a main ES and a main GRPO run (ES seed order)."""
-    grpo = set(main_run_seeds(config, "grpo"))
-    return [s for s in main_run_seeds(config, "es") if s in grpo]
-
-
-def analysis_main_runs(model):
-    """(task, run) of the main ES and main GRPO runs of every seed, on every task of `model`."""
-    planned = set(planned_runs(config, model))
-    runs = []
-    for task in model_tasks(model):
-        runs += [(task, main_es_name(config, s)) for s in main_run_seeds(config, "es")]
-        runs += [(task, main_grpo_name(config, s)) for s in main_run_seeds(config, "grpo")]
-    return [r for r in runs if r in planned]
-
-
-def analysis_targets(model):
-    """Every analysis output for `model` that the config asks for."""
-    wanted, out = set(ANALYSIS["analyses"]), []
-    a = f"{ANALYSIS_DIR}/{model}"
-    runs = planned_runs(config, model)
-    main = analysis_main_runs(model)
-    if "drift" in wanted:  # what the drift tables read: main runs and the continual stages
-        out += [f"{a}/drift/{t}/{r}.csv" for t, r in runs if (t, r) in main or r.startswith("cl_")]
-    if "theory" in wanted:
-        for t, r in runs:
-            if run_spec(config, model, t, r).method == "es":
-                out += [f"{a}/theory/{t}/{r}.csv", f"{a}/theory/{t}/{r}.json"]
-    if "sparsity" in wanted:
-        out += [f"{a}/sparsity/{t}/{r}.csv" for t, r in main]
-    if "kl" in wanted:  # main runs and the continual stages (paper A's heatmap covers the sequence)
-        out += [f"{a}/kl/{t}/{r}.csv" for t, r in runs if (t, r) in main or r.startswith("cl_")]
-    for t in model_tasks(model):
-        for s in analysis_pair_seeds():
-            if "cosine" in wanted:
-                out.append(f"{a}/cosine/{t}/s{s}.csv")
-            if "interpolation" in wanted:
-                out += [f"{a}/interpolation/{t}/s{s}.csv", f"{a}/interpolation/{t}/s{s}.json"]
-    return out
-
-
-# Fixed for the run: computed once, not again in every paper table's input function.
-ALL_ANALYSIS_TARGETS = [path for model in MODELS for path in analysis_targets(model)]
+# The analysis jobs as records (esgrpo.analysis.jobs): kind, model, task, run and outputs; fixed for the run,
+# computed once, not again in every paper table's input function.
+ANALYSIS_JOBS = analysis_jobs(config, RESULTS)
+ALL_ANALYSIS_TARGETS = [path for job in ANALYSIS_JOBS for path in job.outputs]
 
 
 # --- the resource plan -------------------------------------------------------------------------
@@ -378,27 +340,17 @@ ALL_ANALYSIS_TARGETS = [path for model in MODELS for path in analysis_targets(mo
 PLANNER = Planner(
     config,
     PlanSettings.from_config(config, **slurm.site_gpu_type(config, os.environ)),
-    analysis_targets=ALL_ANALYSIS_TARGETS,
+    analysis_jobs=ANALYSIS_JOBS,
 )
 PLAN_SIZES_JOBS = PLANNER.sizes_jobs
 if PLAN_SIZES_JOBS:
     PLANNER.check()
 
 
-def plan_key(rule_name, wildcards):
-    """The plan's key of a job: (rule, model, task, run); eval_base's task and run are "base", the
-    pair analyses' run is s{seed}, analysis_base_samples' task is its evaluation task, a held-out
-    benchmark's run is {run}:{bench}."""
-    if rule_name == "eval_base":
-        return (rule_name, wildcards.model, "base", "base")
-    if rule_name == "heldout_base":
-        return (rule_name, wildcards.model, "base", f"base:{wildcards.bench}")
-    if rule_name == "heldout_run":
-        return (rule_name, wildcards.model, wildcards.task, f"{wildcards.run}:{wildcards.bench}")
-    if rule_name == "analysis_base_samples":
-        return (rule_name, wildcards.model, wildcards.evaltask, "base")
-    run = getattr(wildcards, "run", None) or f"s{wildcards.seed}"
-    return (rule_name, wildcards.model, wildcards.task, run)
+def job_plan(rule, wildcards):
+    """The plan of `rule`'s job with these wildcards: each planned job's record states its rule's wildcards
+    (esgrpo.plan.Planner.plan_of)."""
+    return PLANNER.plan_of(rule, dict(wildcards.items()))
 
 
 def retry_size(name, value, attempt):
@@ -430,7 +382,11 @@ def planned(rule, name, cpu_default):
     resources left unset where 0 or empty."""
 
     def resource(wildcards, attempt):
-        value = PLANNER.resources(*plan_key(rule, wildcards))[name] if PLAN_SIZES_JOBS else cpu_default
+        value = (
+            job_plan(rule, wildcards).resources(PLANNER.settings.cpus_per_gpu)[name]
+            if PLAN_SIZES_JOBS
+            else cpu_default
+        )
         if name in GPU_RESOURCES and not value:
             return None  # unset: the Kubernetes executor refuses a `gpu` without a manufacturer, even 0
         return retry_size(name, value, attempt)
@@ -443,7 +399,7 @@ def with_plan(rule, wildcards, settings):
     """`settings` with the plan's choices for the job in place (GPU configs; JobPlan.applied_to)."""
     if not PLAN_SIZES_JOBS:
         return settings
-    return PLANNER.plan(*plan_key(rule, wildcards)).applied_to(settings)
+    return job_plan(rule, wildcards).applied_to(settings)
 
 
 def train_settings(wildcards):
@@ -472,14 +428,14 @@ def target_planner(target):
     read = {
         path
         for name in names
-        for paths in paper_planning.paper_inputs(config, name, ALL_ANALYSIS_TARGETS, RESULTS).values()
+        for paths in paper_planning.paper_inputs(config, name, ANALYSIS_JOBS, RESULTS).values()
         for path in ([paths] if isinstance(paths, str) else paths)
     }
     heldout_read = bool(read & set(heldout.heldout_files(config, RESULTS, "_prompts.jsonl")))
     return Planner(
         config,
         PLANNER.settings,
-        analysis_targets=[p for p in ALL_ANALYSIS_TARGETS if p in read],
+        analysis_jobs=[job for job in ANALYSIS_JOBS if read.intersection(job.outputs)],
         heldout=heldout_read,
     )
 
@@ -604,7 +560,7 @@ def figure_targets(name):
 
 def paper_input_function(name):
     def inputs(wildcards):
-        return paper_planning.paper_inputs(config, name, ALL_ANALYSIS_TARGETS, RESULTS)
+        return paper_planning.paper_inputs(config, name, ANALYSIS_JOBS, RESULTS)
 
     return inputs
 

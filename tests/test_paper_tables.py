@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, run_workflow
 
+from esgrpo.analysis.jobs import AnalysisJob
 from esgrpo.config import judged_on, model_eval_tasks
 from esgrpo.report import claim_estimates, frames, loading, planning, stages, stats
 from esgrpo.report.claims import CLAIMS, VERDICTS, Claim, claims_table, verdict
@@ -100,8 +101,8 @@ def _metrics_rows(run, kind, rng):
     return rows
 
 
-def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, seed: int = 0) -> list[str]:
-    """A synthetic results/ tree of every tidy file the paper stages read; returns the analysis paths."""
+def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, seed: int = 0) -> list[AnalysisJob]:
+    """A synthetic results/ tree of every tidy file the paper stages read; returns the analysis jobs' records."""
     rng = np.random.default_rng(seed)
     res = root / "results"
     setup = planning.paper_setup(config)
@@ -111,15 +112,15 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
-    def csv(path: Path, rows):
+    def csv(model: str, kind: str, task: str, run: str, rows):
+        path = res / "analysis" / model / kind / task / f"{run}.csv"
         path.parent.mkdir(parents=True, exist_ok=True)
         pd.DataFrame(rows).to_csv(path, index=False)
-        analysis.append(str(path))
+        analysis.append(AnalysisJob(kind, model, task, run, (str(path),)))
 
     written = {}
     for model in config["models"]:
         jsonl(res / model / "base" / "eval_prompts.jsonl", _prompt_rows(model, "base", "none", "base", rng, grpo_sharp, config))
-        a = res / "analysis" / model
         for task, run in planned_runs(config, model):
             kind = planning.run_kind(run, setup["main_n"], setup["main_g"], setup["main_rank"])
             d = res / model / task / run
@@ -136,17 +137,17 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
             scale = 0.05 if "grpo" in kind.split("->")[-1] else 1.0
             stage = loading.run_labels(run)["stage"]
             scale *= math.sqrt(stage) if not math.isnan(stage) else 1.0
-            csv(a / "drift" / task / f"{run}.csv",
+            csv(model, "drift", task, run,
                 [{"model": model, "task": task, "run": run, "method": "es", "name": name, "module_type": mt,
                   "layer": 0, "numel": 100, "l2": scale * (2.0 if mt == "norm" else 1.0), "base_l2": 10.0,
                   "init_l2": scale} for name, mt in MODULES.items()])
             if kind in planning.ES_KINDS | {"cl_es"}:  # every run trained by ES (rules/common.smk)
-                csv(a / "theory" / task / f"{run}.csv",
+                csv(model, "theory", task, run,
                     [{"iteration": t, "updates": t, "distance": math.sqrt(0.0102 * t), "sq_distance": 0.0102 * t,
                       "theory_sq": 0.01 * t} for t in range(1, 11)])
             if kind in ("es", "grpo"):
                 gain = 0.15 if kind == "es" else 0.3
-                csv(a / "sparsity" / task / f"{run}.csv",
+                csv(model, "sparsity", task, run,
                     [{"kind": "top_fraction", "keep_fraction": kf, "module_type": "", "n_kept": int(1000 * kf),
                       "n_changed": 1000, "greedy": 0.3 + gain * r, "mean@n": 0.3 + gain * r, "pass@1": 0.3 + gain * r}
                      for kf, r in ((1.0, 1.0), (0.5, 1.0), (0.1, 0.8), (0.01, 0.2), (0.0, 0.0))]
@@ -154,12 +155,12 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
                         "n_changed": 1000, "greedy": 0.4, "mean@n": 0.4, "pass@1": 0.4} for mt in MODULES.values()])
             if kind in ("es", "grpo", "cl_es", "cl_grpo"):  # KL: main runs and continual stages
                 stage_scale = 1.0 if kind in ("es", "grpo") else 2.0 * stage  # later stages drift further
-                csv(a / "kl" / task / f"{run}.csv",
+                csv(model, "kl", task, run,
                     [{"eval_task": t, "token_mean": (0.05 if t == task else 0.03) * ("grpo" not in kind or 0.1)
                       * stage_scale, "prompt_mean": 0.0, "sequence_mean": 0.0, "n_tokens": 100} for t in TASKS])
         for task in config["models"][model]["tasks"]:
             for s in config["es"]["seeds"]:
-                csv(a / "cosine" / task / f"s{s}.csv",
+                csv(model, "cosine", task, f"s{s}",
                     [{"scope": "global", "key": "all", "cosine": 0.01 * (1 if s else -1), "pair": "es-grpo"},
                      {"scope": "layer", "key": "0", "cosine": 0.02, "pair": "es-grpo"},
                      {"scope": "global", "key": "all", "cosine": 0.3, "pair": "es-es"}])
@@ -171,7 +172,7 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
                                      "greedy": acc, "mean@n": acc, "pass@1": acc})
                         rows.append({"path": "dir-random", "lam": lam, "step": lam, "eval_task": eval_task,
                                      "greedy": 0.3, "mean@n": 0.3, "pass@1": 0.3})
-                csv(a / "interpolation" / task / f"s{s}.csv", rows)
+                csv(model, "interpolation", task, f"s{s}", rows)
     return analysis
 
 
@@ -265,9 +266,12 @@ def test_inputs_follow_the_config(tmp_path):
     assert sorted(Path(p).parent.name for p in population) == sorted(
         f"es-n{n}-s{s}" for n in (2, 4, 8) for s in (0, 1))
     assert all("/countdown3/" in p for p in population)
-    drift = ["results/analysis/tiny/drift/countdown3/es-n4-s0.csv", "results/analysis/tiny/drift/countdown3/es-n2-s0.csv",
-             "results/analysis/tiny/theory/countdown3/es-n4-s0.json", "results/analysis/other/drift/x/es-n4-s0.csv"]
-    assert planning.paper_inputs(CONFIG, "b_drift", drift)["drift"] == [drift[0]]
+    drift = [AnalysisJob("drift", "tiny", "countdown3", "es-n4-s0", ("results/analysis/tiny/drift/countdown3/es-n4-s0.csv",)),
+             AnalysisJob("drift", "tiny", "countdown3", "es-n2-s0", ("results/analysis/tiny/drift/countdown3/es-n2-s0.csv",)),
+             AnalysisJob("theory", "tiny", "countdown3", "es-n4-s0", ("results/analysis/tiny/theory/countdown3/es-n4-s0.csv",
+                                                                       "results/analysis/tiny/theory/countdown3/es-n4-s0.json")),
+             AnalysisJob("drift", "other", "x", "es-n4-s0", ("results/analysis/other/drift/x/es-n4-s0.csv",))]
+    assert planning.paper_inputs(CONFIG, "b_drift", drift)["drift"] == [drift[0].outputs[0]]
 
 
 # --------------------------------------------------------------------------- the claims engine

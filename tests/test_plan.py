@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from esgrpo.analysis.jobs import AnalysisJob
 from esgrpo.plan import (
     JobSpec,
     PlanError,
@@ -208,7 +209,7 @@ def test_engine_settings_reach_es_and_evaluation_blocks():
     from esgrpo.plan import PlanSettings, analysis_job
 
     config = load("configs/paper_b.yaml")
-    job = analysis_job(config, "results/analysis/qwen2_5_7b/sparsity/gsm8k/grpo-g8-s0.csv",
+    job = analysis_job(config, AnalysisJob("sparsity", "qwen2_5_7b", "gsm8k", "grpo-g8-s0", ()),
                        shipped("Qwen/Qwen2.5-7B-Instruct"), PlanSettings.from_config(config))
     sparsity = plan_job(job)
     assert (job.backend, job.device) == ("hf", "cuda")
@@ -274,6 +275,24 @@ def test_a_model_s_own_settings_size_its_jobs_and_no_other_s(tmp_path):
     write_plan(list(own.values()), tmp_path / "plan.csv", tmp_path / "plan.md", model_settings=rows)
     md = (tmp_path / "plan.md").read_text()
     assert "| r1_distill_1_5b | all | grpo.settings.max_new_tokens | 8192 | 2048 |" in md
+
+
+def test_the_rules_find_each_job_s_plan_by_its_wildcards():
+    """Planner.plan_of(rule, wildcards): each planned job's record states its rule's wildcards (the pair analyses
+    a seed, eval_base a model, analysis_base_samples an evaluation task, the held-out jobs a benchmark)."""
+    from esgrpo.analysis.jobs import analysis_jobs
+    from esgrpo.plan import Planner, PlanSettings
+
+    config = load("configs/paper_a.yaml")
+    planner = Planner(config, PlanSettings.from_config(config), analysis_jobs(config, "results/paper_a"))
+    rules = set()
+    for key, job in planner.jobs.items():
+        assert planner.plan_of(job.rule, dict(job.wildcards)) is planner.plan(*key), key
+        rules.add((job.rule, tuple(name for name, _ in job.wildcards)))
+    assert {("eval_base", ("model",)), ("heldout_base", ("bench", "model")), ("analysis_cosine", ("model", "seed", "task")),
+            ("heldout_run", ("bench", "model", "run", "task")), ("train_run", ("model", "run", "task"))} <= rules
+    with pytest.raises(PlanError, match="no planned job analysis_cosine"):
+        planner.plan_of("analysis_cosine", {"model": "qwen3_4b", "task": "math", "seed": "99"})
 
 
 def test_importing_the_plan_stays_light():
@@ -734,21 +753,21 @@ def test_host_only_plan_sizes_vllm_jobs_on_this_host():
     assert min(ev.runtime_s, grpo.runtime_s) > VLLM_CPU_COMPILE_SECONDS
     # the sparsity analysis (transformers on the host) holds the checkpoints it combines beside its model
     from esgrpo.plan.grid import analysis_job
-    sparsity = plan_job(analysis_job(config, "results/rehearsal/analysis/smollm2_135m/sparsity/sum_yesno/es-n4-s0.csv",
+    sparsity = plan_job(analysis_job(config, AnalysisJob("sparsity", "smollm2_135m", "sum_yesno", "es-n4-s0", ()),
                                      es.job.architecture, PlanSettings.from_config(config)))
     held = sparsity.host_memory.parts
     assert held["base, run and the sparsified point (fp32)"] == 3 * 4 * p and held["the run's delta (64-bit)"] == 8 * p
     assert "the run's delta (64-bit)" not in ev.host_memory.parts
     # measured (1-s PSS): sparsity 4.06-4.16 GiB, interpolation 5.2-6.2 GiB; one point's batch at a time
     assert 4.16 / 1.25 < sparsity.host_memory.total / 2**30 < 4.06 * 1.25
-    interpolation = plan_job(analysis_job(config, "results/rehearsal/analysis/smollm2_135m/interpolation/sum_yesno/s0.csv",
+    interpolation = plan_job(analysis_job(config, AnalysisJob("interpolation", "smollm2_135m", "sum_yesno", "s0", ()),
                                           es.job.architecture, PlanSettings.from_config(config)))
     assert interpolation.job.eval_batch == 8 * 3  # analysis test_size 8 x (2 samples + greedy)
     assert 6.2 / 1.25 < interpolation.host_memory.total / 2**30 < 5.2 * 1.25
 
     def analysis(kind: str, run: str):
-        path = f"results/rehearsal/analysis/smollm2_135m/{kind}/sum_yesno/{run}.csv"
-        return plan_job(analysis_job(config, path, es.job.architecture, PlanSettings.from_config(config)))
+        record = AnalysisJob(kind, "smollm2_135m", "sum_yesno", run, ())
+        return plan_job(analysis_job(config, record, es.job.architecture, PlanSettings.from_config(config)))
 
     # drift holds the run and the base, and the run's start where it is not the base (a sequential stage,
     # a snapshot): measured 1.32 GiB PSS for a main run's drift against the 2.0 GiB of three copies
@@ -764,8 +783,8 @@ def test_host_only_plan_sizes_vllm_jobs_on_this_host():
     assert cosine["2 deltas (64-bit)"] == 2 * 8 * p and cosine["base (fp32)"] == 4 * p
     assert 3.81 / 1.25 < analysis("cosine", "s0").host_memory.total / 2**30 < 3.81 * 1.25
     three_seeds = {**config, "es": {**config["es"], "seeds": [0, 1, 2]}, "grpo": {**config["grpo"], "seeds": [0, 1, 2]}}
-    path = "results/rehearsal/analysis/smollm2_135m/cosine/sum_yesno/s1.csv"
-    assert "4 deltas (64-bit)" in plan_job(analysis_job(three_seeds, path, es.job.architecture,
+    record = AnalysisJob("cosine", "smollm2_135m", "sum_yesno", "s1", ())
+    assert "4 deltas (64-bit)" in plan_job(analysis_job(three_seeds, record, es.job.architecture,
                                                         PlanSettings.from_config(config))).host_memory.parts
     # KL: both models' [batch, tokens, vocab] logits and their log-softmax beside the models (the models alone
     # were planned: 1.5 GiB, against up to 2.03 GiB measured)

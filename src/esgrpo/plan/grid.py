@@ -1,7 +1,8 @@
 """The plan of a whole config: one JobSpec per job the workflow runs, and plan.csv / plan.md.
 
 Jobs come from the same place as the workflow's: `esgrpo.runs.planned_runs` and `run_spec` for
-training and evaluation; analysis jobs from their output paths (the rules' analysis targets).
+training and evaluation; analysis jobs from their records (`esgrpo.analysis.jobs.analysis_jobs`, the rules'
+analysis targets).
 What the config does not say (the GPU type, ES engines per job) comes from `PlanSettings`, read
 from an optional `plan:` block of the config; prompt lengths are measured from the prepared data
 where they can be (`esgrpo.plan.prompts`, `PromptTokens`), else its constants or `plan.prompt_tokens`.
@@ -11,10 +12,12 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from esgrpo.analysis.jobs import AnalysisJob, rule_wildcards
 from esgrpo.plan.architecture import Architecture, PlanError, architecture_for
 from esgrpo.plan.gpus import gpu_type
 from esgrpo.plan.jobs import CPUS_PER_GPU, JobPlan, JobSpec, plan_job
@@ -138,6 +141,7 @@ def train_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arc
     spec = run_spec(config, model, task, run)
     s = spec.settings
     common = dict(rule="train_run", model=model, task=task, run=run, architecture=arch,
+                  wildcards=rule_wildcards(model=model, task=task, run=run),
                   gpu_type=settings.gpu_type, prompt_tokens=lengths(model, task, "train"),
                   new_tokens=int(s["max_new_tokens"]))
     if spec.method == "es":
@@ -173,8 +177,9 @@ def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arch
     prompts = sum(_test_rows(config, t, ev.get("test_size")) for t in tasks)
     on_vllm = ev.get("backend", "hf") == "vllm"
     on_gpu = on_vllm or str(ev.get("device", "cpu")).startswith("cuda")
+    wildcards = rule_wildcards(model=model) if run == "base" else rule_wildcards(model=model, task=task, run=run)
     return JobSpec(rule="eval_base" if run == "base" else "eval_run", model=model, task=task, run=run,
-                   method="eval", architecture=arch, device=settings.device(on_gpu),
+                   wildcards=wildcards, method="eval", architecture=arch, device=settings.device(on_gpu),
                    gpu_type=settings.gpu_type, gpus=1, backend="vllm" if on_vllm else "hf",
                    weight_dtype=ev.get("dtype", "bfloat16" if on_gpu else "float32"),
                    prompts=prompts, samples=int(ev.get("n_samples", 32)) + (1 if ev.get("greedy", True) else 0),
@@ -182,19 +187,15 @@ def eval_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arch
                    new_tokens=int(ev.get("max_new_tokens", 24)), eval_batch=int(ev.get("batch_size", 256)))
 
 
-def analysis_job(config: dict[str, Any], path: str, arch: Architecture, settings: PlanSettings,
-                 lengths: PromptTokens | None = None) -> JobSpec | None:
-    """The job writing analysis output `path` ({results_dir}/analysis/{model}/{kind}/{task}/{name}.csv);
-    None for the outputs that are not a job of their own (a .json beside a .csv)."""
+def analysis_job(config: dict[str, Any], record: AnalysisJob, arch: Architecture, settings: PlanSettings,
+                 lengths: PromptTokens | None = None) -> JobSpec:
+    """The plan's job of analysis job `record` (esgrpo.analysis.jobs)."""
     from esgrpo.analysis.settings import analysis_config, next_seed
     from esgrpo.runs import run_spec
 
-    parts = Path(path).parts
-    if not path.endswith(".csv") and "base_samples" not in parts:
-        return None
-    model, kind, task, name = parts[-4], parts[-3], parts[-2], Path(parts[-1]).stem
+    model, kind, task, name = record.model, record.kind, record.task, record.run
     analysis = analysis_config(config)
-    base = eval_job(config, model, task, name, arch, settings, lengths)
+    base = replace(eval_job(config, model, task, name, arch, settings, lengths), wildcards=record.wildcards)
     ev = {**eval_settings(config, model), **(analysis.get("eval") or {})}
     samples = int(ev.get("n_samples", 8)) + (1 if ev.get("greedy", True) else 0)
     prompts = base.prompts if not ev.get("test_size") else min(base.prompts, int(ev["test_size"]))
@@ -236,6 +237,7 @@ def base_samples_job(config: dict[str, Any], model: str, evaltask: str, arch: Ar
     ev = eval_settings(config, model)
     on_gpu = str(ev.get("device", "cpu")).startswith("cuda") or ev.get("backend") == "vllm"
     return JobSpec(rule="analysis_base_samples", model=model, task=evaltask, run="base", method="eval",
+                   wildcards=rule_wildcards(model=model, evaltask=evaltask),
                    architecture=arch, device=settings.device(on_gpu), gpu_type=settings.gpu_type, gpus=1,
                    backend="hf", weight_dtype=ev.get("dtype", "bfloat16" if on_gpu else "float32"),
                    prompts=int(kl["n_prompts"]), samples=int(kl["samples_per_prompt"]),
@@ -255,15 +257,16 @@ def heldout_jobs(config: dict[str, Any], model: str, arch: Architecture, setting
     for task, run in heldout.heldout_checkpoints(config, model):
         ev = eval_job(config, model, task, run, arch, settings, lengths)
         out += [replace(ev, rule="heldout_base" if run == "base" else "heldout_run", run=f"{run}:{bench}",
-                        time_limit=limit) for bench in heldout.benchmark_names(config)]
+                        time_limit=limit, wildcards=rule_wildcards(**dict(ev.wildcards), bench=bench))
+                for bench in heldout.benchmark_names(config)]
     return out
 
 
 def config_jobs(config: dict[str, Any], settings: PlanSettings | None = None,
-                analysis_targets: list[str] | tuple[str, ...] = (),
+                analysis_jobs: Sequence[AnalysisJob] = (),
                 lengths: PromptTokens | None = None, heldout: bool = True) -> list[JobSpec]:
-    """Every training, evaluation, held-out benchmark (`heldout`) and (given their output paths) analysis
-    job of `config`."""
+    """Every training, evaluation, held-out benchmark (`heldout`) and (given their records) analysis job of
+    `config`."""
     from esgrpo.config import model_eval_tasks
     from esgrpo.runs import planned_runs
 
@@ -279,12 +282,11 @@ def config_jobs(config: dict[str, Any], settings: PlanSettings | None = None,
         if heldout:
             jobs += heldout_jobs(config, model, arch, settings, lengths)
     kl_models = set()
-    for path in analysis_targets:
-        model = Path(path).parts[-4]
-        if model in archs and (job := analysis_job(config, path, archs[model], settings, lengths)) is not None:
-            jobs.append(job)
-            if job.rule == "analysis_kl":
-                kl_models.add(model)
+    for record in analysis_jobs:
+        if record.model in archs:
+            jobs.append(analysis_job(config, record, archs[record.model], settings, lengths))
+            if record.kind == "kl":
+                kl_models.add(record.model)
     for model in sorted(kl_models):  # the KL analyses' reference continuations, one job per eval task
         jobs += [base_samples_job(config, model, t, archs[model], settings, lengths)
                  for t in model_eval_tasks(config, model)]
@@ -292,15 +294,15 @@ def config_jobs(config: dict[str, Any], settings: PlanSettings | None = None,
 
 
 def plan_config(config: dict[str, Any], settings: PlanSettings | None = None,
-                analysis_targets: list[str] | tuple[str, ...] = ()) -> list[JobPlan]:
+                analysis_jobs: Sequence[AnalysisJob] = ()) -> list[JobPlan]:
     """The plan of every job; PlanError listing every job that cannot fit (not just the first)."""
-    return Planner(config, settings, analysis_targets).all()
+    return Planner(config, settings, analysis_jobs).all()
 
 
 class Planner:
     """The plan of one config for the rules: every job planned once, looked up by its wildcards.
 
-        planner = Planner(config, PlanSettings.from_config(config), analysis_targets=ALL_ANALYSIS_TARGETS)
+        planner = Planner(config, PlanSettings.from_config(config), analysis_jobs=ANALYSIS_JOBS)
                                                           # (a target's jobs only: its analyses, heldout=False
                                                           #  where it runs no held-out benchmark)
         planner.check()                                   # at parse time: PlanError naming every misfit
@@ -311,12 +313,13 @@ class Planner:
     """
 
     def __init__(self, config: dict[str, Any], settings: PlanSettings | None = None,
-                 analysis_targets: list[str] | tuple[str, ...] = (), heldout: bool = True):
+                 analysis_jobs: Sequence[AnalysisJob] = (), heldout: bool = True):
         self.config = config
         self.settings = settings or PlanSettings.from_config(config)
         self.lengths = PromptTokens(config, self.settings)
         self.jobs = {(j.rule, j.model, j.task, j.run): j
-                     for j in config_jobs(config, self.settings, analysis_targets, self.lengths, heldout)}
+                     for j in config_jobs(config, self.settings, analysis_jobs, self.lengths, heldout)}
+        self._by_wildcards = {(j.rule, j.wildcards): key for key, j in self.jobs.items()}
         self._plans: dict[tuple[str, str, str, str], JobPlan] = {}
 
     @property
@@ -330,6 +333,16 @@ class Planner:
         if key not in self._plans:
             self._plans[key] = plan_job(self.jobs.get(key) or self._unlisted(key))
         return self._plans[key]
+
+    def plan_of(self, rule: str, wildcards: Mapping[str, str]) -> JobPlan:
+        """The plan of `rule`'s job with these wildcards (the rules' lookup: each job's record states its own);
+        a training or evaluation job the grid does not list (a target asked for by path) is planned on demand."""
+        key = self._by_wildcards.get((rule, rule_wildcards(**wildcards)))
+        if key is None and set(wildcards) == {"model", "task", "run"}:
+            key = (rule, wildcards["model"], wildcards["task"], wildcards["run"])
+        if key is None:
+            raise PlanError(f"no planned job {rule} {dict(wildcards)} in this config")
+        return self.plan(*key)
 
     def _unlisted(self, key: tuple[str, str, str, str]) -> JobSpec:
         """A training or evaluation job the config's grid does not list (a target asked for by path)."""

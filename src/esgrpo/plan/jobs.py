@@ -116,6 +116,8 @@ class JobSpec:
     copies: int = 2
     beta: float = 0.0
     time_limit: int | None = None  # minutes, where the rule asks for a fixed limit (held-out benchmarks)
+    # the wildcards of its rule's job, sorted by name: how the rules find its plan (Planner.plan_of)
+    wildcards: tuple[tuple[str, str], ...] = ()
 
     @property
     def label(self) -> str:

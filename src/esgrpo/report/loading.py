@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from esgrpo.analysis.settings import ANALYSES
 from esgrpo.io import read_jsonl
 from esgrpo.metrics import pass_at_k
 from esgrpo.report.planning import (
@@ -22,7 +23,6 @@ from esgrpo.report.planning import (
     BASE,
     judged_tasks,
     method_of,
-    parse_analysis_path,
     run_kind,
     stage_one_aliases,
 )
@@ -118,6 +118,16 @@ def load_prompts(paths: Iterable[str], setup: dict) -> pd.DataFrame:
     for k in ks:
         df[f"pass@{k}"] = [cached_pass_at_k(int(n), int(c), k) for n, c in zip(df["n"], df["correct"], strict=True)]
     return df
+
+
+# The report stages get their inputs as file lists (Snakemake inputs); the job of a file is read back from its
+# path here, the one place that does, until every tidy file names its own model, task and run.
+def parse_analysis_path(path: str) -> dict | None:
+    """``.../analysis/{model}/{analysis}/{task}/{run or s<seed>}.csv`` -> its parts (None if not one)."""
+    parts = Path(path).parts
+    if len(parts) < 5 or parts[-5] != "analysis" or parts[-3] not in ANALYSES or not path.endswith(".csv"):
+        return None
+    return {"model": parts[-4], "analysis": parts[-3], "task": parts[-2], "stem": Path(path).stem}
 
 
 def _run_from_path(path: str) -> tuple[str, str, str]:

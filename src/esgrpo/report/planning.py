@@ -9,8 +9,8 @@ figure rules): it imports neither pandas nor torch, so the DAG parse stays light
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
+from esgrpo.analysis.jobs import AnalysisJob
 from esgrpo.analysis.settings import ANALYSES
 from esgrpo.config import judged_on
 from esgrpo.evaluation.heldout import heldout_files
@@ -170,14 +170,6 @@ NEEDS["claims"] = merge_needs(PAPER_A_TABLES + PAPER_B_TABLES + ["js_diversity_v
 NEEDS["claims_stability"] = NEEDS["claims"]
 
 
-def parse_analysis_path(path: str) -> dict | None:
-    """``.../analysis/{model}/{analysis}/{task}/{run or s<seed>}.csv`` -> its parts (None if not one)."""
-    parts = Path(path).parts
-    if len(parts) < 5 or parts[-5] != "analysis" or parts[-3] not in ANALYSES or not path.endswith(".csv"):
-        return None
-    return {"model": parts[-4], "analysis": parts[-3], "task": parts[-2], "stem": Path(path).stem}
-
-
 def stage_one_aliases(setup: dict) -> dict[tuple[str, str], str]:
     """(task, main run) -> the continual name it also stands for (stage 1: ``cl_es-s0-k1``)."""
     return {(a["task"], a["run"]): a["alias"] for a in setup.get("continual_stage_one", [])}
@@ -211,30 +203,25 @@ def _run_files(config: dict, setup: dict, needs: dict, results: str) -> dict[str
     return files
 
 
-def _analysis_files(setup: dict, needs: dict, analysis_paths: Sequence[str]) -> dict[str, list[str]]:
-    """The analysis CSVs among `analysis_paths` of the kinds `needs` names."""
+def _analysis_files(setup: dict, needs: dict, analysis_jobs: Sequence[AnalysisJob]) -> dict[str, list[str]]:
+    """The CSVs of the analysis jobs (esgrpo.analysis.jobs) of the kinds `needs` names."""
     files: dict[str, list[str]] = {}
     for analysis in ANALYSES:
         kinds = needs.get(analysis)
         if not kinds:
             continue
-        chosen = []
-        for path in analysis_paths:
-            parts = parse_analysis_path(str(path))
-            if parts is None or parts["analysis"] != analysis or parts["model"] not in setup["models"]:
-                continue
-            if kinds != "all" and not kinds_served(parts["task"], parts["stem"], setup) & set(kinds):
-                continue
-            chosen.append(str(path))
-        files[analysis] = sorted(set(chosen))
+        files[analysis] = sorted({job.outputs[0] for job in analysis_jobs
+                                  if job.kind == analysis and job.model in setup["models"]
+                                  and (kinds == "all" or kinds_served(job.task, job.run, setup) & set(kinds))})
     return files
 
 
-def paper_inputs(config: dict, name: str, analysis_paths: Sequence[str] = (), results: str = "results") -> dict:
-    """Input files of table / figure `name`: only what the config trains (via planned_runs)."""
+def paper_inputs(config: dict, name: str, analysis_jobs: Sequence[AnalysisJob] = (), results: str = "results") -> dict:
+    """Input files of table / figure `name`: only what the config trains (via planned_runs) and the analysis
+    jobs it reads (records: esgrpo.analysis.jobs)."""
     setup = paper_setup(config)
     needs = NEEDS[name]
-    files = {**_run_files(config, setup, needs, results), **_analysis_files(setup, needs, analysis_paths)}
+    files = {**_run_files(config, setup, needs, results), **_analysis_files(setup, needs, analysis_jobs)}
     if needs.get("heldout"):  # benchmark prompts are evaluation rows of tasks no run trains on
         files["prompts"] = files.get("prompts", []) + heldout_files(config, results, "_prompts.jsonl")
     return files
