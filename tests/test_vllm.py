@@ -39,7 +39,7 @@ from esgrpo.engines.vllm_layout import (
 )
 from esgrpo.es import vllm_backend
 from esgrpo.es.loop import snapshot_dir, train_es
-from esgrpo.es.ops import member_seeds
+from esgrpo.es.ops import member_seeds, normalize_fitness
 from esgrpo.es.settings import ESConfig
 from esgrpo.es.vllm_backend import (
     ESWorkerExtension,
@@ -238,6 +238,62 @@ def test_bf16_weights_keep_small_updates_in_the_fp32_master():
     for n, p in worker.model_runner.model.named_parameters():
         assert p.dtype == torch.bfloat16
         assert torch.equal(p, worker._es_theta[n].to(torch.bfloat16))
+
+
+ARITHMETIC_DATA = REPO / "tests" / "data" / "es_arithmetic" / "expected.pt"
+
+
+@pytest.mark.parametrize("variant", ["paper_a/inplace_sequential", "paper_b/inplace_summed",
+                                     "paper_b/inplace_sequential", "paper_a/exact", "paper_b/exact"])
+def test_worker_arithmetic_gives_the_direct_computations_fused_weights_bit_for_bit(variant):
+    """The papers' seedings on vLLM's fused tensor names and shapes, and their in-place arithmetic, against
+    tests/data/es_arithmetic/make_expected.py (written from the papers' workers): every member perturbed and
+    restored in order on one engine, then the update, for three iterations."""
+    from transformers import LlamaConfig
+
+    data = torch.load(ARITHMETIC_DATA, weights_only=True)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    worker = FakeWorker(fuse_state_dict(data["initial"], config), config)
+    worker.es_init(master="weights")
+    seeding, arithmetic = variant.split("/")
+    worker.es_arithmetic(seeding, arithmetic)
+    for t, fitness in enumerate(data["fitness"]):
+        seeds_signs = member_seeds(data["run_seed"], t, data["n"], antithetic=False)
+        for seed, sign in seeds_signs:
+            worker.es_perturb(seed, data["sigma"], sign)
+            worker.es_restore()
+        worker.es_apply_update([list(p) for p in seeds_signs], normalize_fitness(np.array(fitness)), data["alpha"])
+    want = data["expected"][f"vllm/{variant}"]
+    got = worker._es_theta if arithmetic == "exact" else dict(worker.model_runner.model.named_parameters())
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype and torch.equal(got[name], value), name
+    if arithmetic != "exact":  # no master: theta is the live weights
+        params = dict(worker.model_runner.model.named_parameters())
+        assert all(worker._es_theta[n].data_ptr() == params[n].data_ptr() for n in want)
+        start = fuse_state_dict(data["initial"], config)
+        distance = math.sqrt(sum(float((want[n].double() - start[n].double()).pow(2).sum()) for n in want))
+        assert worker.es_distance_from_init() == pytest.approx(distance, rel=1e-12)
+
+
+def test_worker_in_place_refuses_a_second_perturbation_and_the_backend_more_than_one_engine():
+    model = tiny_llama()
+    worker = FakeWorker({n: v.to(torch.bfloat16) for n, v in fused_of(model).items()}, model.config)
+    worker.es_init(master="weights")
+    worker.es_arithmetic("paper_a", "inplace_sequential")
+    worker.es_perturb(1, 0.01)
+    with pytest.raises(RuntimeError, match="perturbed already"):
+        worker.es_perturb(2, 0.01)
+    with pytest.raises(RuntimeError, match="restored weights"):
+        worker.es_apply_update([[1, 1.0]], [1.0], 0.01)
+    worker.es_restore()
+    cfg = ESConfig(population_size=2, noise_seeding="paper_a", arithmetic="inplace_sequential")
+    with pytest.raises(ValueError, match="one vLLM engine"):
+        VLLMESBackend(VLLMESPool([LocalEngine(model), LocalEngine(model)]), "m", {}, _reward).start(cfg)
+    one = LocalEngine(model)
+    VLLMESBackend(VLLMESPool([one]), "m", {}, _reward).start(cfg)
+    assert one.worker._es_arith == "inplace_sequential" and one.worker._es_noise.seeding == "paper_a"
 
 
 def test_export_hf_loads_in_transformers(tmp_path):
