@@ -1172,3 +1172,49 @@ def test_real_train_es_vllm_writes_a_loadable_run(real_engine, tmp_path):
     assert moved and all(".layers.1." in n for n in moved)
     distance = math.sqrt(sum(float((trained[n].double() - base[n].double()).pow(2).sum()) for n in base))
     assert distance == pytest.approx(summary["distance_from_init"], rel=1e-5)
+
+
+@pytest.mark.vllm
+def test_real_worker_runs_paper_bs_arithmetic_in_place_on_vllms_own_tensors(real_engine, tmp_path):
+    """Paper B's seeding and in-place arithmetic through collective_rpc on a real engine: the noise is drawn for
+    vLLM's fused, vocabulary-padded tensors by their vLLM names (seed XOR blake2b-8(name), fp32), perturb and
+    restore add and subtract its cast, the update adds the cast fp32 sum; checked against that computation
+    written here on the live weights the engine saves (the engine runs fp32: the casts are exact)."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    llm = real_engine.llm
+
+    def live(folder):
+        llm.collective_rpc("es_save_theta", args=(str(tmp_path / folder),))
+        return load_file(str(tmp_path / folder / "theta.safetensors"))
+
+    def draw(seed, name, shape):
+        tensor_id = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+        gen = torch.Generator().manual_seed((seed ^ tensor_id) & 0xFFFFFFFFFFFFFFFF)
+        return torch.randn(shape, generator=gen, dtype=torch.float32)
+
+    llm.collective_rpc("es_init", args=(["*"],))
+    llm.collective_rpc("es_arithmetic", args=("paper_b", "inplace_summed"))
+    start = live("start")
+    assert start["model.embed_tokens.weight"].shape == (320, 64)  # vLLM's padded table, drawn whole
+    assert "model.layers.0.self_attn.qkv_proj.weight" in start
+    llm.collective_rpc("es_perturb", args=(7, 0.05, -1.0))
+    llm.collective_rpc("es_restore")
+    restored = live("restored")
+    for name, w in start.items():
+        step = (draw(7, name, w.shape) * -0.05).to(w.dtype)
+        assert torch.equal(restored[name], (w + step) - step), name
+    seeds, weights = [3, 9], [1.0, -0.5]
+    llm.collective_rpc("es_apply_update", args=([[3, 1.0], [9, 1.0]], weights, 0.02))
+    updated = live("updated")
+    for name, w in restored.items():
+        total = torch.zeros(w.shape)
+        for seed, z in zip(seeds, weights, strict=True):
+            total.add_(draw(seed, name, w.shape), alpha=0.02 / 2 * z)
+        assert torch.equal(updated[name], w + total.to(w.dtype)), name
+    # back to the exact arithmetic, and the start's weights (the padding rows, which the papers' draws moved, too)
+    llm.collective_rpc("es_init", args=(["*"],))
+    llm.collective_rpc("es_load_theta", args=(str(tmp_path / "start"),))
+    assert all(torch.equal(v, start[n]) for n, v in live("reset").items())

@@ -19,7 +19,7 @@ from esgrpo.runs import config_rank, continual_stage_one, parse_run_name, planne
 BASE = "base"  # the base model's evaluation folder and the "run" of its rows
 METHOD = {"base": "base", "es": "ES", "grpo": "GRPO", "es->grpo": "ES->GRPO", "grpo->es": "GRPO->ES",
           "cl_es": "ES", "cl_grpo": "GRPO", "es_pop": "ES", "es_norm": "ES", "es_anti": "ES",
-          "grpo_group": "GRPO", "es_rank": "ES"}
+          "grpo_group": "GRPO", "es_rank": "ES", "es_arith": "ES"}
 METHOD_ORDER = ["base", "ES", "GRPO", "ES->GRPO", "GRPO->ES"]
 RATIO_ORDER = ["ES", "GRPO", "ES/GRPO"]  # columns of the update-norm tables
 ES_KINDS = {"es", "es_pop", "es_norm", "es_anti", "es_rank"}
@@ -33,15 +33,18 @@ ALIASED_ANALYSES = ("drift", "theory", "kl")
 
 
 def run_kind(run: str, main_n: int | None, main_g: int | None, main_rank: int | None = None) -> str:
-    """base | es | es_pop | es_norm | es_anti | es_rank | es_snap | grpo | grpo_group | es->grpo | grpo->es |
-    cl_es | cl_grpo. es_rank: an ES run whose noise rank differs from the main runs' (`main_rank`, None =
-    full-rank; es.ablations.ranks), so that it never joins the main ES rows."""
+    """base | es | es_pop | es_norm | es_anti | es_rank | es_arith | es_snap | grpo | grpo_group | es->grpo |
+    grpo->es | cl_es | cl_grpo. es_rank: an ES run whose noise rank differs from the main runs' (`main_rank`,
+    None = full-rank; es.ablations.ranks), so that it never joins the main ES rows; es_arith: a run of a paper's
+    arithmetic (es.ablations.arithmetic), which no table reads yet."""
     if run == BASE:
         return BASE
     name = parse_run_name(run)
     if name.family == "snapshot":
         return "es_snap"
     if name.family == "es":
+        if name.arithmetic is not None:
+            return "es_arith"
         if name.normalization != "zscore":
             return "es_norm"
         if name.antithetic:

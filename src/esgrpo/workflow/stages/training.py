@@ -42,13 +42,19 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
 
             # The folder's writer lock before the engines start: a held folder stops the job in seconds.
             with WriterLock(progress_dir):
+                in_place = cfg.arithmetic != "exact"  # a paper's arithmetic (esgrpo.es.arithmetic)
                 if params.get("es_backend", "hf") == "vllm":
-                    backend = vllm_backend(params["init_model"], rows, cfg, reward_fn, params.get("es_engine") or {})
+                    engine = params.get("es_engine") or {}
+                    # one engine: with no master, several engines' inexact restores would drift apart
+                    backend = vllm_backend(params["init_model"], rows, cfg, reward_fn,
+                                           {**engine, "num_engines": 1} if in_place else engine)
                 else:
                     from esgrpo.engines.panel_matmul import kernel_name
                     from esgrpo.es.hf_backend import HFESBackend, make_population_evaluator
 
                     dtype = params.get("dtype", "float32")
+                    if in_place and dtype == "float32":  # what the papers' arithmetic rounds to: a bf16 copy
+                        dtype = "bfloat16"
                     model, tokenizer = load_model(params["init_model"], dtype=dtype)
                     # Below fp32 the loaded weights are rounded: theta0 comes from the checkpoint's own tensors.
                     backend = HFESBackend(model, tokenizer, make_population_evaluator(model, tokenizer, reward_fn),
