@@ -602,7 +602,7 @@ def paper_a_targets():
     return [
         *[p for n in paper_planning.PAPER_A_TABLES for p in table_targets(n)],
         *[p for n in paper_planning.PAPER_A_FIGURES for p in figure_targets(n)],
-        *arithmetic_targets(),
+        *arithmetic_eval_targets(),
     ]
 
 
@@ -617,15 +617,15 @@ def snapshot_eval_targets():
     ]
 
 
-def arithmetic_targets():
-    """Evaluation and norm theory of the runs of a paper's arithmetic (es.ablations.arithmetic), which no table
-    reads yet: a paper's target still trains and measures them."""
-    out = []
-    for m in MODELS:
-        for t, r in planned_runs(config, m):
-            if run_spec(config, t, r).settings.get("arithmetic", "exact") != "exact":
-                out += [f"{run_dir(m, t, r)}/eval.json", f"{ANALYSIS_DIR}/{m}/theory/{t}/{r}.csv"]
-    return out
+def arithmetic_eval_targets():
+    """The evaluations of the runs of a paper's arithmetic (es.ablations.arithmetic), which no table reads yet:
+    a paper's target still trains and evaluates them (their norm theory: the default target's analyses)."""
+    return [
+        f"{run_dir(m, t, r)}/eval.json"
+        for m in MODELS
+        for t, r in planned_runs(config, m)
+        if run_spec(config, t, r).settings.get("arithmetic", "exact") != "exact"
+    ]
 
 
 def paper_b_targets():
@@ -633,7 +633,7 @@ def paper_b_targets():
         *[p for n in paper_planning.PAPER_B_TABLES for p in table_targets(n)],
         *[p for n in paper_planning.PAPER_B_FIGURES for p in figure_targets(n)],
         *snapshot_eval_targets(),
-        *arithmetic_targets(),
+        *arithmetic_eval_targets(),
     ]
 
 

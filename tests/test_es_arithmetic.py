@@ -215,8 +215,9 @@ def tokenizer_rows():
 # --------------------------------------------------------------------------- kill -9 and resume, in place
 
 
-def _kill_resume_in_place(out_dir: str, progress_dir: str, iterations: int, sleep_s: float) -> dict:
-    """The run the kill test repeats: a bf16 tiny Llama, paper A's arithmetic, seeded noisy fitness."""
+def _kill_resume_in_place(out_dir: str, progress_dir: str, iterations: int, sleep_s: float,
+                          variant: str = "paper_a/inplace_sequential") -> dict:
+    """The run the kill test repeats: a bf16 tiny Llama, a paper's arithmetic, seeded noisy fitness."""
     torch.set_num_threads(1)
     model = tiny_llama(layers=2, seed=3).to(torch.bfloat16)
     target = {k: v.detach().float() + 0.1 for k, v in model.named_parameters()}
@@ -229,15 +230,17 @@ def _kill_resume_in_place(out_dir: str, progress_dir: str, iterations: int, slee
         return FitnessResult(fitness=result.fitness + jitter)
 
     cfg = ESConfig(population_size=6, sigma=0.02, alpha=0.01, iterations=iterations, checkpoint_every=2,
-                   prompts_per_iteration=3, seed=5, noise_seeding="paper_a", arithmetic="inplace_sequential")
+                   prompts_per_iteration=3, seed=5, noise_seeding=variant.split("/")[0],
+                   arithmetic=variant.split("/")[1])
     return train_es(HFESBackend(model, None, slow), ROWS, cfg, out_dir, progress_dir, log=lambda s: None)
 
 
-def test_sigkill_then_resume_in_place_gives_identical_weights(tmp_path):
-    _kill_resume_in_place(str(tmp_path / "ref"), str(tmp_path / "ref_prog"), 6, 0.0)
+@pytest.mark.parametrize("variant", ["paper_a/inplace_sequential", "paper_b/inplace_summed"])
+def test_sigkill_then_resume_in_place_gives_identical_weights(tmp_path, variant):
+    _kill_resume_in_place(str(tmp_path / "ref"), str(tmp_path / "ref_prog"), 6, 0.0, variant)
     out, prog = tmp_path / "run", tmp_path / "run_prog"
     code = (f"import sys; sys.path.insert(0, {str(TESTS)!r}); from test_es_arithmetic import _kill_resume_in_place; "
-            f"_kill_resume_in_place({str(out)!r}, {str(prog)!r}, 6, 0.4)")
+            f"_kill_resume_in_place({str(out)!r}, {str(prog)!r}, 6, 0.4, {variant!r})")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(TESTS.parent / "src")}
     child = subprocess.Popen([sys.executable, "-c", code], env=env, stderr=subprocess.PIPE)
     deadline = time.time() + 120
@@ -251,8 +254,8 @@ def test_sigkill_then_resume_in_place_gives_identical_weights(tmp_path):
     child.wait()
     assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
     assert not (out / "summary.json").exists()
-    summary = _kill_resume_in_place(str(out), str(prog), 6, 0.0)
-    assert summary["resumed_from"] in (2, 4) and summary["config"]["arithmetic"] == "inplace_sequential"
+    summary = _kill_resume_in_place(str(out), str(prog), 6, 0.0, variant)
+    assert summary["resumed_from"] in (2, 4) and summary["config"]["arithmetic"] == variant.split("/")[1]
     ref, got = saved_weights(tmp_path / "ref"), saved_weights(out)
     assert ref.keys() == got.keys() and all(v.dtype == torch.bfloat16 for v in got.values())
     for k in ref:

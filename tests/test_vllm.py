@@ -277,7 +277,7 @@ def test_worker_arithmetic_gives_the_direct_computations_fused_weights_bit_for_b
         assert worker.es_distance_from_init() == pytest.approx(distance, rel=1e-12)
 
 
-def test_worker_in_place_refuses_a_second_perturbation_and_the_backend_more_than_one_engine():
+def test_worker_in_place_refuses_a_second_perturbation_and_the_backend_more_than_one_engine(tmp_path):
     model = tiny_llama()
     worker = FakeWorker({n: v.to(torch.bfloat16) for n, v in fused_of(model).items()}, model.config)
     worker.es_init(master="weights")
@@ -288,6 +288,14 @@ def test_worker_in_place_refuses_a_second_perturbation_and_the_backend_more_than
     with pytest.raises(RuntimeError, match="restored weights"):
         worker.es_apply_update([[1, 1.0]], [1.0], 0.01)
     worker.es_restore()
+    # no master: a checkpoint holds the live weights (bf16), and loading it writes them back
+    params = dict(worker.model_runner.model.named_parameters())
+    saved = {n: p.detach().clone() for n, p in params.items()}
+    worker.es_save_theta(str(tmp_path))
+    worker.es_apply_update([[1, 1.0], [2, 1.0]], [1.0, -1.0], 0.05)
+    assert not all(torch.equal(params[n], saved[n]) for n in saved)
+    worker.es_load_theta(str(tmp_path))
+    assert all(params[n].dtype == torch.bfloat16 and torch.equal(params[n], saved[n]) for n in saved)
     cfg = ESConfig(population_size=2, noise_seeding="paper_a", arithmetic="inplace_sequential")
     with pytest.raises(ValueError, match="one vLLM engine"):
         VLLMESBackend(VLLMESPool([LocalEngine(model), LocalEngine(model)]), "m", {}, _reward).start(cfg)
