@@ -227,6 +227,11 @@ def test_run_names_classify_and_carry_their_seed():
     assert planning.run_kind("es-n16-s0", 16, 8, 4) == "es_rank" and planning.run_kind("es-n4-r4-s0", 16, 8, 4) == "es_pop"
     assert loading.run_labels("es-n16-r4-s0")["noise_rank"] == 4 and math.isnan(loading.run_labels("es-n16-s0")["noise_rank"])
     assert loading.variant_of("es-n16-r4-s1") == "es-n16-r4"
+    # a paper's arithmetic (es.ablations.arithmetic) is a kind of its own, in no table yet, whatever the main noise
+    assert planning.run_kind("es-n16-arith_paper_a-s0", 16, 8) == "es_arith" == planning.run_kind(
+        "es-n16-arith_paper_b-s0", 16, 8, 4)
+    assert loading.variant_of("es-n16-arith_paper_b-s0") == "es-n16-arith_paper_b"
+    assert not any("es_arith" in kinds for needs in planning.NEEDS.values() for kinds in needs.values())
     assert planning.method_of("es-n16-it100-s2", "es_snap") == "ES (100 it)" and planning.method_of("x", "es") == "ES"
     assert loading.variant_of("es-n16-it100-s2") == "es-n16-it100"
 
