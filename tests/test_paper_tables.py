@@ -185,7 +185,7 @@ def _outputs(tmp: Path, name: str, figure: bool = False) -> dict:
 def build(root: Path, name: str, analysis: list[str], config: dict = CONFIG, figure: bool = False) -> dict:
     inputs = planning.paper_inputs(config, name, analysis, results=str(root / "results"))
     output = _outputs(root / "out", name, figure)
-    registry.run_paper_stage(input=inputs, output=output, params={"stage": name, "setup": planning.paper_setup(config)},
+    loading.run_paper_stage(input=inputs, output=output, params={"stage": name, "setup": planning.paper_setup(config)},
                            wildcards={}, threads=1)
     return output
 
@@ -532,7 +532,7 @@ def test_figures_say_not_run_without_inputs(tmp_path):
     config = copy.deepcopy(CONFIG)
     config["sequential"] = {}
     out = _outputs(tmp_path, "sequential_matrix", figure=True)
-    registry.run_paper_stage(input={"prompts": []}, output=out,
+    loading.run_paper_stage(input={"prompts": []}, output=out,
                            params={"stage": "sequential_matrix", "setup": planning.paper_setup(config)},
                            wildcards={}, threads=1)
     assert Path(out["png"]).stat().st_size > 1000 and Path(out["pdf"]).stat().st_size > 1000

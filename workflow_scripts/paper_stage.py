@@ -3,4 +3,4 @@
 from esgrpo.workflow.bridge import run_stage
 
 if __name__ == "__main__":  # vLLM's worker processes re-import this file (spawn): only run here
-    run_stage(snakemake, "esgrpo.report.registry:run_paper_stage")  # noqa: F821
+    run_stage(snakemake, "esgrpo.report.loading:run_paper_stage")  # noqa: F821

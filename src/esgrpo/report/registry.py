@@ -2,7 +2,7 @@
 with its paper, what it reads, its caption and the function that makes it.
 
 The rules (rules/common.smk, rules/paper.smk) make one rule per entry, the planner (esgrpo.report.planning)
-reads each entry's inputs from `needs`, and the report runs it by `entry` (`run_paper_stage`, through
+reads each entry's inputs from `needs`, and the report runs it by `entry` (`esgrpo.report.loading.run_paper_stage`, through
 workflow_scripts/paper_stage.py). It imports nothing heavy: the DAG parse reads it; the stage's module
 (pandas, seaborn) is imported when the stage runs.
 
@@ -242,11 +242,3 @@ def stage_function(name: str) -> Callable:
         raise KeyError(f"unknown paper stage {name!r}; known: {sorted(STAGES)}")
     module, function = STAGES[name].entry.split(":")
     return getattr(importlib.import_module(module), function)
-
-
-def run_paper_stage(input, output, params, wildcards, threads) -> None:
-    """Runs the table or figure params["stage"] on its inputs, reading only the run kinds it needs."""
-    from esgrpo.report.loading import StageInputs
-
-    name = params["stage"]
-    stage_function(name)(StageInputs(input, {**params["setup"], "wanted": STAGES[name].needs}), output)
