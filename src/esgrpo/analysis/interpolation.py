@@ -7,14 +7,14 @@ so the endpoints reproduce the two models exactly when the deltas were taken in 
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Sequence
 
 import torch
 
 from esgrpo.analysis.drift import StateDict, l2
+from esgrpo.noise import tensor_seed
 
-__all__ = ["interpolate", "along_direction", "random_direction_like", "tensor_seed"]
+__all__ = ["interpolate", "along_direction", "random_direction_like"]
 
 
 def _f64(t: torch.Tensor) -> torch.Tensor:
@@ -57,17 +57,12 @@ def along_direction(theta0: StateDict, direction: StateDict, step: float) -> dic
     return _combine(theta0, [(step / norm, direction)])
 
 
-def tensor_seed(seed: int, name: str) -> int:
-    """Per-tensor seed ``seed XOR crc32(name)``: stable across processes, unlike Python's salted ``hash``."""
-    return (int(seed) ^ zlib.crc32(name.encode("utf-8"))) & 0x7FFF_FFFF_FFFF_FFFF
-
-
 def random_direction_like(
     delta: StateDict, seed: int, dtype: torch.dtype = torch.float32
 ) -> dict[str, torch.Tensor]:
     """Gaussian direction shaped like ``delta`` with unit global L2 norm.
 
-    Each tensor is drawn in float32 from its own generator seeded by :func:`tensor_seed`, so
+    Each tensor is drawn in float32 from its own generator seeded by `esgrpo.noise.tensor_seed`, so
     a tensor's values do not depend on which other tensors are present or their order.
     """
     raw = {}

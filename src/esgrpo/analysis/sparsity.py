@@ -16,13 +16,13 @@ the small-model path; only peak memory differs.
 from __future__ import annotations
 
 import math
-import zlib
 from collections.abc import Callable, Iterable
 
 import numpy as np
 import torch
 
 from esgrpo.analysis.drift import MODULE_TYPES, StateDict, float_names, module_type
+from esgrpo.noise import tensor_seed
 
 __all__ = ["top_fraction_mask", "sparsify", "reset_module_type", "n_kept"]
 
@@ -46,7 +46,7 @@ def _sample_changed(
     out = []
     for name in names:
         m = math.ceil(size * numels[name] / total)
-        g = torch.Generator().manual_seed((seed ^ zlib.crc32(name.encode())) & 0x7FFF_FFFF_FFFF_FFFF)
+        g = torch.Generator().manual_seed(tensor_seed(seed, name))
         idx = torch.randint(numels[name], (m,), generator=g).numpy()
         v = absfn(name)[idx]
         out.append(v[v > 0])
