@@ -38,9 +38,8 @@ from esgrpo.es.ops import (
     normalize_fitness,
     perturbed_population,
     prompt_batch,
-    squared_norm,
 )
-from esgrpo.es.settings import NORM_CHUNK_ELEMENTS, ESConfig
+from esgrpo.es.settings import ESConfig
 from esgrpo.io import read_jsonl
 from esgrpo.noise import Noise, Population, lowrank_factors, stable_name_hash, tensor_noise
 
@@ -511,21 +510,6 @@ def test_update_matches_closed_form(tmp_path, antithetic, normalization, unit_rm
     assert row["update_norm"] == pytest.approx(math.sqrt(step_sq), rel=1e-5)
     assert row["distance_from_init"] == pytest.approx(math.sqrt(step_sq), rel=1e-4)
     assert summary["updates"] == 1 and not row["skipped"]
-
-
-def test_chunked_norms_equal_the_whole_tensor_sums_up_to_one_chunk():
-    """The update's and the distance's float64 norms go a chunk at a time (issue 21): a tensor of at most
-    one chunk (every tensor of the offline default) gives exactly the whole-tensor sum it gave before, bit
-    for bit; a larger one a sum of chunk sums, equal to ~1e-15."""
-    torch.manual_seed(0)
-    for shape in [(384, 64), (64,), (1, 3), (0,), (NORM_CHUNK_ELEMENTS,)]:
-        a, b = torch.randn(shape) * 1e-3, torch.randn(shape)
-        assert squared_norm(a) == float(a.double().pow(2).sum()), shape
-        assert squared_norm(a, b) == float((a.double() - b.double()).pow(2).sum()), shape
-    big, other = torch.randn(2 * NORM_CHUNK_ELEMENTS + 7), torch.randn(2 * NORM_CHUNK_ELEMENTS + 7)
-    assert squared_norm(big) == pytest.approx(float(big.double().pow(2).sum()), rel=1e-14)
-    assert squared_norm(big, other) == pytest.approx(float((big.double() - other.double()).pow(2).sum()), rel=1e-14)
-    assert squared_norm(big, other, chunk=1000) == pytest.approx(squared_norm(big, other), rel=1e-14)
 
 
 def test_update_sums_antithetic_pairs_like_members():

@@ -23,9 +23,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from esgrpo.distance import distance
 from esgrpo.engines.rollout import eos_token_ids
 from esgrpo.es.backend import THETA_FILE, BackendStart, ESBackend, FitnessResult
-from esgrpo.es.ops import apply_update, l2_norm, select_trainable
+from esgrpo.es.ops import apply_update, select_trainable
 from esgrpo.es.settings import ESConfig
 from esgrpo.noise import Population
 
@@ -136,7 +137,7 @@ class HFESBackend(ESBackend):
         return norm
 
     def distance_from_init(self) -> float:
-        return l2_norm(self.theta[k] - self.theta0[k] for k in self.theta)
+        return distance(self.theta, self.theta0)
 
     def save_state(self, folder: Path) -> None:
         from safetensors.torch import save_file
