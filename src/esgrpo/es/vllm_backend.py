@@ -467,9 +467,7 @@ def population_fitness(completions: Sequence[Sequence[Completion]], rows: Sequen
             rewards[n, b] = float(reward_fn(text, row))
             tokens += int(count)
             entropy_sum += float(entropy)
-    return FitnessResult(fitness=rewards.mean(axis=1), success=rewards >= 1.0, generated_tokens=tokens,
-                         entropy=entropy_sum / tokens if tokens else math.nan, entropy_estimator=estimator,
-                         rollouts=int(rewards.size))
+    return FitnessResult.from_rewards(rewards, tokens, entropy_sum / tokens if tokens else math.nan, estimator)
 
 
 # --------------------------------------------------------------------------- HF checkpoint
