@@ -100,9 +100,9 @@ def saved_weights(out_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def run_es(model, tokenizer, rows, cfg, evaluate, out_dir, progress_dir, log=print, population="stacked"):
-    """`train_es` over the transformers backend holding `model`."""
+    """`train_es` over the transformers backend holding `model`; its summary record (`RunSummary.to_dict`)."""
     backend = HFESBackend(model, tokenizer, evaluate, population=population)
-    return train_es(backend, rows, cfg, out_dir, progress_dir, log=log)
+    return train_es(backend, rows, cfg, out_dir, progress_dir, log=log).to_dict()
 
 
 # --------------------------------------------------------------------------- seeds and noise
@@ -635,13 +635,13 @@ def test_sigkill_then_resume_gives_identical_weights(tmp_path, noise):
         time.sleep(0.01)
     child.wait()
     assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
-    assert not (out / "summary.json").exists()  # it really died before the end
+    assert not (out / "model").exists()  # it really died before the end (the model is exported last)
     killed_rows = read_jsonl(out / "metrics.jsonl")
     assert 3 <= len(killed_rows) < 6  # rows past the last checkpoint were on disk
     assert json.loads((prog / LOCK_NAME).read_text())["pid"] == child.pid  # its lock outlived it ...
     summary = _kill_resume_job(str(out), str(prog), 6, 0.0, noise)
     assert summary["resumed_from"] in (2, 4)
-    assert summary["config"]["noise"] == noise
+    assert summary["settings"]["noise"] == noise
     assert not (prog / LOCK_NAME).exists()  # ... was taken over (a dead pid on this host) and given back
     ref, got = saved_weights(tmp_path / "ref"), saved_weights(out)
     assert ref.keys() == got.keys()
@@ -671,7 +671,7 @@ def test_a_second_trainer_on_a_held_progress_folder_stops_and_names_the_holder(t
     message = second.stderr.strip().splitlines()[-1]
     assert message.startswith("esgrpo.checkpoint.ProgressFolderLocked"), second.stderr[-2000:]
     assert str(prog) in message and f"pid {os.getpid()} on host" in message
-    assert not list(prog.glob("step-*")) and not (out / "summary.json").exists()
+    assert not list(prog.glob("step-*")) and not (out / "model").exists()
     # the holder gave it back: now a trainer runs
     assert _kill_resume_job(str(out), str(prog), 2, 0.0)["resumed_from"] is None
     assert not (prog / LOCK_NAME).exists()
@@ -713,15 +713,14 @@ def test_snapshots_are_the_shorter_runs_and_survive_a_resume(tmp_path):
     base = {"population_size": 4, "sigma": 0.02, "alpha": 0.01, "checkpoint_every": 1, "seed": 4}
     summary = run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, snapshots=[3, 2], **base), evaluate,
                        tmp_path / "long", tmp_path / "long_p", log=lambda s: None)
-    assert summary["config"]["snapshots"] == [2, 3]
+    assert summary["settings"]["snapshots"] == [2, 3]
     for k in (2, 3):
-        run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=k, **base), evaluate,
-                 tmp_path / f"short{k}", tmp_path / f"short{k}_p", log=lambda s: None)
+        short_summary = run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=k, **base), evaluate,
+                               tmp_path / f"short{k}", tmp_path / f"short{k}_p", log=lambda s: None)
         snap = load_file(str(snapshot_dir(tmp_path / "long", k) / "model" / "model.safetensors"))
         short = saved_weights(tmp_path / f"short{k}")
         assert snap.keys() == short.keys() and all(torch.equal(snap[n], short[n]) for n in snap)
         record = json.loads((snapshot_dir(tmp_path / "long", k) / "snapshot.json").read_text())
-        short_summary = json.loads((tmp_path / f"short{k}" / "summary.json").read_text())
         assert record["iteration"] == k
         for key in ("updates", "distance_from_init", "theory_distance", "rollouts", "trainable_parameters"):
             assert record[key] == pytest.approx(short_summary[key], rel=1e-12), key
