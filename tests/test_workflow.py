@@ -55,7 +55,8 @@ def test_the_dag_parse_imports_no_torch(tmp_path):
 # ES and GRPO. A module may import its own room or any lower one, never a higher one.
 LAYERS = [
     {"esgrpo", "esgrpo.io", "esgrpo.provenance", "esgrpo.settings", "esgrpo.runs", "esgrpo.checkpoint",
-     "esgrpo.metrics", "esgrpo.noise", "esgrpo.live", "esgrpo.grids"},
+     "esgrpo.metrics", "esgrpo.noise", "esgrpo.distance", "esgrpo.run_record",
+     "esgrpo.live", "esgrpo.grids"},
     {"esgrpo.tasks"},
     {"esgrpo.engines"},
     {"esgrpo.models"},
