@@ -147,12 +147,10 @@ def job_counts(workdir: Path, configfile: Path, targets: list[str]) -> tuple[dic
 
 def paper_rules() -> dict[str, list[str]]:
     """The table/figure rules of each paper (rules/paper.smk)."""
-    from esgrpo.report import planning
+    from esgrpo.report.registry import STAGES, stage_names
 
-    return {
-        "paper_a": [f"table_{t}" for t in planning.PAPER_A_TABLES] + [f"figure_{f}" for f in planning.PAPER_A_FIGURES],
-        "paper_b": [f"table_{t}" for t in planning.PAPER_B_TABLES] + [f"figure_{f}" for f in planning.PAPER_B_FIGURES],
-    }
+    return {target: [f"{STAGES[n].kind}_{n}" for n in stage_names(paper)]
+            for target, paper in (("paper_a", "Paper A"), ("paper_b", "Paper B"))}
 
 
 @pytest.mark.slow

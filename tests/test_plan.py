@@ -401,10 +401,10 @@ def test_a_dag_with_a_job_that_cannot_fit_stops_at_parse_time(tmp_path):
 
 def test_es_working_set_is_what_the_update_and_distance_allocate():
     """ES beside the fp32 master: the update holds its fp32 step and one noise draw, then a float64 chunk
-    (not a float64 copy of the whole tensor), engine 0's distance three float64 chunks; at Qwen3-4B and 7B
+    (not a float64 copy of the whole tensor), the distance three float64 chunks (either backend); at Qwen3-4B and 7B
     the embedding dominates, 8 bytes an element. The old code held 20 (update) and 24 (distance) bytes an
     element: 5.8 GiB more than counted at Qwen3-4B and 8.1 GiB at 7B (the issue's figures)."""
-    from esgrpo.es.settings import NORM_CHUNK_ELEMENTS
+    from esgrpo.distance import NORM_CHUNK_ELEMENTS
     from esgrpo.plan.memory import es_tensor_bytes, es_update_bytes
 
     for source, short_gib in [("Qwen/Qwen3-4B-Instruct-2507", 5.8), ("Qwen/Qwen2.5-7B-Instruct", 8.1)]:

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from esgrpo.io import append_jsonl, read_jsonl, write_json
+from esgrpo.io import append_jsonl, atomic_directory, read_jsonl, write_json
 from esgrpo.runs import (
     RUN_PATTERN,
     SNAPSHOT_RUN_PATTERN,
@@ -223,3 +223,32 @@ def test_atomic_json_and_torn_jsonl_tail(tmp_path):
     path.write_text('{"i": 1}\n{"i"\n{"i": 3}\n')
     with pytest.raises(ValueError, match="line 2"):
         read_jsonl(path)
+
+
+def test_atomic_directory_syncs_every_file_then_replaces_the_folder_whole(tmp_path, monkeypatch):
+    """Every file and folder of the new tree is on disk before the rename, the parent after it (a rename
+    alone may land before the data after a power loss); a failure keeps the old folder and leaves nothing."""
+    import os
+
+    synced = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):  # the real sync, and which path it was for
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    with atomic_directory(target) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "weights.bin").write_bytes(b"w")
+        (tmp / "config.json").write_text("{}")
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*")) == [
+        "config.json", "sub", "sub/weights.bin"]
+    assert {"weights.bin", "config.json", "sub"} <= set(synced[:-1]) and synced[-1] == tmp_path.name
+    with pytest.raises(RuntimeError), atomic_directory(target) as tmp:
+        (tmp / "half.bin").write_bytes(b"h")
+        raise RuntimeError("killed mid-write")
+    assert (target / "config.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model"]

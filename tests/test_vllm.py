@@ -101,8 +101,9 @@ def reference_direction(shapes: dict, seeds_signs, weights) -> dict[str, torch.T
 
 
 def run_es_vllm(pool, model_ref, prompt_ids, rows, cfg, reward_fn, out_dir, progress_dir, log=print):
-    """`train_es` over the vLLM backend holding `pool`."""
-    return train_es(VLLMESBackend(pool, model_ref, prompt_ids, reward_fn), rows, cfg, out_dir, progress_dir, log=log)
+    """`train_es` over the vLLM backend holding `pool`; its summary record (`RunSummary.to_dict`)."""
+    return train_es(VLLMESBackend(pool, model_ref, prompt_ids, reward_fn), rows, cfg, out_dir, progress_dir,
+                    log=log).to_dict()
 
 
 # --------------------------------------------------------------------------- imports

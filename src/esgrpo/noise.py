@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["FULL", "MASK63", "SEEDINGS", "Noise", "Population", "lowrank_factors", "mix_seeds", "stable_name_hash",
-           "tensor_noise"]
+           "tensor_noise", "tensor_seed"]
 
 MASK63 = (1 << 63) - 1
 MASK64 = (1 << 64) - 1
@@ -51,11 +51,18 @@ def mix_seeds(*values: int) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & MASK63
 
 
+def tensor_seed(seed: int, name: str) -> int:
+    """The seed of one tensor's draw under `seed`: every random draw made tensor by tensor (ES noise, the
+    analyses' random directions and samples) seeds its generator with it, so a tensor's values depend on
+    neither the other tensors nor their order, and same-shaped tensors get independent draws."""
+    return mix_seeds(int(seed), stable_name_hash(name))
+
+
 def _generator(member_seed: int, name: str, device: torch.device | str,
                seeding: str = "per_tensor") -> torch.Generator:
     gen = torch.Generator(device=device)
     if seeding == "per_tensor":
-        gen.manual_seed(mix_seeds(int(member_seed), stable_name_hash(name)))
+        gen.manual_seed(tensor_seed(member_seed, name))
     elif seeding == "paper_a":  # the member seed alone, whatever the tensor
         gen.manual_seed(int(member_seed))
     else:  # paper_b: seed XOR the name's 64-bit blake2b, kept to 64 bits

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from esgrpo.es.ops import squared_norm
+from esgrpo.distance import squared_norm
 from esgrpo.noise import Noise, Population
 
 __all__ = ["DrawOf", "IN_PLACE", "InPlacePopulation", "apply_update_in_place", "perturbation"]

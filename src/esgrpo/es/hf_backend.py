@@ -26,10 +26,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from esgrpo.engines.rollout import eos_token_ids
+from esgrpo.distance import distance
+from esgrpo.engines.rollout import eos_token_ids, prompt_texts
 from esgrpo.es.arithmetic import InPlacePopulation, apply_update_in_place
 from esgrpo.es.backend import THETA_FILE, BackendStart, ESBackend, FitnessResult
-from esgrpo.es.ops import apply_update, l2_norm, select_trainable, squared_norm
+from esgrpo.es.ops import apply_update, select_trainable
 from esgrpo.es.settings import ESConfig
 from esgrpo.noise import Population
 
@@ -152,9 +153,7 @@ class HFESBackend(ESBackend):
         return norm
 
     def distance_from_init(self) -> float:
-        if self.arithmetic != "exact":  # a bf16 difference would round: float64, chunk by chunk
-            return math.sqrt(sum(squared_norm(self.theta[k], self.theta0[k]) for k in self.theta))
-        return l2_norm(self.theta[k] - self.theta0[k] for k in self.theta)
+        return distance(self.theta, self.theta0)
 
     def save_state(self, folder: Path) -> None:
         from safetensors.torch import save_file
@@ -201,13 +200,6 @@ def _noise_of(cfg: ESConfig, dtypes: Mapping[str, torch.dtype]):
 # --------------------------------------------------------------------------- the population evaluator
 
 
-def _prompt_text(tokenizer: Any, row: Row) -> str:
-    prompt = row["prompt"]
-    if isinstance(prompt, str):
-        return prompt
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-
-
 def make_population_evaluator(model: torch.nn.Module, tokenizer: Any, verifier: Callable[[str, Row], float],
                               generate_fn: Callable[..., Any] | None = None, *,
                               prompt_chunk: int | None = None) -> EvaluatePopulation:
@@ -235,7 +227,7 @@ def make_population_evaluator(model: torch.nn.Module, tokenizer: Any, verifier: 
             buffers = kept.setdefault("buffers", MemberBuffers())
             gen_fn = functools.partial(population_generate, buffers=buffers)
         scorer = _Scorer(model, tokenizer, verifier, gen_fn, cfg, generator)
-        texts = [_prompt_text(tokenizer, row) for row in prompt_rows]
+        texts = prompt_texts(tokenizer, prompt_rows)
         chunk = prompt_chunk or len(texts)
         members = [population] if isinstance(population, Mapping) else (
             {name: value.unsqueeze(0) for name, value in member.items()} for member in population)
@@ -249,11 +241,9 @@ def make_population_evaluator(model: torch.nn.Module, tokenizer: Any, verifier: 
                     for start in range(0, len(texts), chunk)], axis=1))
         finally:
             tokenizer.padding_side = side
-        rewards = np.concatenate(per_member_group, axis=0)  # [N, B]
-        return FitnessResult(
-            fitness=rewards.mean(axis=1), success=rewards >= 1.0, generated_tokens=scorer.tokens,
-            entropy=scorer.entropy_sum / scorer.entropy_count if scorer.entropy_count else math.nan,
-            rollouts=int(rewards.size))
+        return FitnessResult.from_rewards(
+            np.concatenate(per_member_group, axis=0), scorer.tokens,
+            scorer.entropy_sum / scorer.entropy_count if scorer.entropy_count else math.nan)
 
     return evaluate
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from esgrpo.settings import FieldCheck, SettingsDataclass
 from esgrpo.tasks.rewards import RULES, SCHEMES
 
-__all__ = ["ARITHMETICS", "ESConfig", "LOWRANK_ON_VLLM", "NOISE_KINDS", "NOISE_SEEDINGS", "NORMALIZATIONS",
-           "NORM_CHUNK_ELEMENTS"]
+__all__ = ["ARITHMETICS", "ESConfig", "LOWRANK_ON_VLLM", "NOISE_KINDS", "NOISE_SEEDINGS", "NORMALIZATIONS"]
 
 NORMALIZATIONS = ("zscore", "rank", "none")
 NOISE_KINDS = ("full", "lowrank")  # esgrpo.noise.Noise.kind
@@ -23,12 +22,6 @@ NOISE_SEEDINGS = ("per_tensor", "paper_a", "paper_b")  # esgrpo.noise.SEEDINGS
 # with an exact restore; the in-place ones have no master and work in the weights' dtype.
 ARITHMETICS = ("exact", "inplace_sequential", "inplace_summed")
 PROMPT_SCHEDULES = ("resample", "epochs")  # esgrpo.es.ops.prompt_batch
-# Elements of one tensor that the float64 norms of the update and of the distance from theta0 take at a
-# time (`esgrpo.es.ops.squared_norm`): a 4M-element chunk's float64 copy and square are 64 MiB, where a
-# whole Qwen3-4B embedding's (389M elements) were 5.8 GiB beside the engine. Here, not in `ops`, so that
-# the resource plan (`esgrpo.plan.memory.es_update_bytes`) reads it without importing torch. Every tensor
-# of the offline default model is smaller, so its norms are the whole-tensor sums they always were.
-NORM_CHUNK_ELEMENTS = 1 << 22
 # Why es.backend vllm refuses low-rank noise (vLLM 0.31, read in its source: vllm/lora/); checked by
 # esgrpo.config before any job and by the vLLM ES backend itself.
 LOWRANK_ON_VLLM = (

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from esgrpo.distance import distance
 from esgrpo.engines.vllm_engine import (
     NO_ENTROPY,
     entropy_estimator,
@@ -68,7 +69,7 @@ from esgrpo.engines.vllm_layout import (
 )
 from esgrpo.es.arithmetic import apply_update_in_place, perturbation
 from esgrpo.es.backend import BackendStart, ESBackend, FitnessResult
-from esgrpo.es.ops import apply_update, member_weights, select_trainable, squared_norm
+from esgrpo.es.ops import apply_update, member_weights, select_trainable
 from esgrpo.es.settings import LOWRANK_ON_VLLM, ESConfig
 from esgrpo.io import atomic_directory
 from esgrpo.models.tensor_files import DEFAULT_SHARD_BYTES, TensorFiles, local_model_dir, write_shards
@@ -290,8 +291,8 @@ class ESWorkerExtension:
     def es_distance_from_init(self) -> float:
         if self._es_theta0 is None:
             raise RuntimeError("this engine keeps no theta0 (es_init(keep_theta0=False)); ask engine 0")
-        # theta0 lives on the host: `squared_norm` moves it to theta's device one float64 chunk at a time
-        return math.sqrt(sum(squared_norm(t, self._es_theta0[n]) for n, t in self._es_theta.items()))
+        # theta0 lives on the host: `esgrpo.distance` moves it to theta's device one float64 chunk at a time
+        return distance(self._es_theta, self._es_theta0)
 
     def es_parameter_count(self) -> int:
         """d of the norm theory: the checkpoint's trainable parameters (vLLM's vocabulary padding left out)."""
@@ -528,9 +529,7 @@ def population_fitness(completions: Sequence[Sequence[Completion]], rows: Sequen
             rewards[n, b] = float(reward_fn(text, row))
             tokens += int(count)
             entropy_sum += float(entropy)
-    return FitnessResult(fitness=rewards.mean(axis=1), success=rewards >= 1.0, generated_tokens=tokens,
-                         entropy=entropy_sum / tokens if tokens else math.nan, entropy_estimator=estimator,
-                         rollouts=int(rewards.size))
+    return FitnessResult.from_rewards(rewards, tokens, entropy_sum / tokens if tokens else math.nan, estimator)
 
 
 # --------------------------------------------------------------------------- HF checkpoint

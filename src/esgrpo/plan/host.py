@@ -95,7 +95,7 @@ def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: 
                  "checkpoint file (mapped)": p * 4},
         "generate": {**base, **population_generation(arch, members, prompts, prompt, new)},
         "update": {**base, **population_kept(arch, members, prompts, prompt, new),
-                   "update or distance of one tensor": es_update_bytes(arch, "hf", theta0_here=True)},
+                   "update or distance of one tensor": es_update_bytes(arch, "hf")},
     }
 
 
