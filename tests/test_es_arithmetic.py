@@ -255,7 +255,7 @@ def test_sigkill_then_resume_in_place_gives_identical_weights(tmp_path, variant)
     assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
     assert not (out / "summary.json").exists()
     summary = _kill_resume_in_place(str(out), str(prog), 6, 0.0, variant)
-    assert summary["resumed_from"] in (2, 4) and summary["config"]["arithmetic"] == variant.split("/")[1]
+    assert summary.resumed_from in (2, 4) and summary.settings["arithmetic"] == variant.split("/")[1]
     ref, got = saved_weights(tmp_path / "ref"), saved_weights(out)
     assert ref.keys() == got.keys() and all(v.dtype == torch.bfloat16 for v in got.values())
     for k in ref:
