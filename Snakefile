@@ -4,6 +4,7 @@ from jsonschema import ValidationError
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import min_version, validate
 
+from esgrpo.analysis.settings import analysis_config
 from esgrpo.config import ConfigError, schema_error
 from esgrpo.grids import results_folder
 
@@ -34,6 +35,8 @@ except WorkflowError as err:
     if not isinstance(err.__context__, ValidationError):
         raise
     raise ConfigError(schema_error(err.__context__)) from None
+# The analysis block's defaults are stated in esgrpo.analysis.settings (the schema checks types only).
+config["analysis"] = analysis_config(config)
 
 # The grid's folder: every rule writes under it (rules/common.smk RESULTS; esgrpo.grids).
 config["results_dir"] = results_folder(config.get("results_dir"), workflow.overwrite_configfiles)

@@ -353,7 +353,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, device {args.device}, threads {args.threads}, cpus {os.cpu_count()}, "
           f"load average {os.getloadavg()}")
     print(f"dense fp32 matmul (2048^3 mm): {peak / 1e9:.1f} GFLOP/s", flush=True)
-    kernel = ("panel kernel (esgrpo.engines.panel_matmul)" if panel_matmul.available(args.device)
+    tile = "8-row AVX-512 tile" if panel_matmul.wide_tile() else "4-row AVX2 tile"
+    kernel = (f"panel kernel (esgrpo.engines.panel_matmul, {tile})" if panel_matmul.available(args.device)
               else f"oneDNN packed ({panel_matmul.unavailable_reason() or 'not a CPU'})")
     print(f"per-member matrices of the population engine: {kernel}", flush=True)
     for name in args.shapes.split(","):

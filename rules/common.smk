@@ -23,6 +23,7 @@ from esgrpo.config import (
 from esgrpo.grids import check_grid_folder, config_source, write_grid_record
 from esgrpo.plan import Planner, PlanSettings, cost_row, plan_row, settings_per_model, total_gpu_hours
 from esgrpo.report import planning as paper_planning
+from esgrpo.report.registry import STAGES, stage_names
 from esgrpo.runs import (
     RUN_PATTERN,
     SNAPSHOT_RUN_PATTERN,
@@ -422,8 +423,8 @@ def target_planner(target):
     if target == "all":
         return PLANNER
     names = {
-        "paper_a": [*paper_planning.PAPER_A_TABLES, *paper_planning.PAPER_A_FIGURES],
-        "paper_b": [*paper_planning.PAPER_B_TABLES, *paper_planning.PAPER_B_FIGURES],
+        "paper_a": stage_names("Paper A"),
+        "paper_b": stage_names("Paper B"),
     }[target]
     read = {
         path
@@ -531,19 +532,11 @@ def analysis_cosine_models(wildcards):
 # --- tables, figures, papers -------------------------------------------------------------------
 # Each paper table/figure reads only the tidy files of what the config trains
 # (esgrpo.report.planning.paper_inputs, through planned_runs); the stages run from
-# esgrpo.report.stages (workflow_scripts/paper_stage.py).
+# esgrpo.report.registry (STAGES: each stage's paper, inputs, caption and function; workflow_scripts/paper_stage.py).
 
 PAPER_SETUP = paper_planning.paper_setup(config)
-PAPER_TABLES = {
-    **{name: "Paper A" for name in paper_planning.PAPER_A_TABLES},
-    **{name: "Paper B" for name in paper_planning.PAPER_B_TABLES},
-    "claims": "Claims",
-    "claims_stability": "Claims",
-}
-PAPER_FIGURES = {
-    **{name: "Paper A" for name in paper_planning.PAPER_A_FIGURES},
-    **{name: "Paper B" for name in paper_planning.PAPER_B_FIGURES},
-}
+PAPER_TABLES = {name: STAGES[name].paper for name in stage_names(kind="table")}
+PAPER_FIGURES = {name: STAGES[name].paper for name in stage_names(kind="figure")}
 
 
 def base_eval_targets():
@@ -567,8 +560,9 @@ def paper_input_function(name):
 
 def paper_a_targets():
     return [
-        *[p for n in paper_planning.PAPER_A_TABLES for p in table_targets(n)],
-        *[p for n in paper_planning.PAPER_A_FIGURES for p in figure_targets(n)],
+        *[p for n in stage_names("Paper A", "table") for p in table_targets(n)],
+        *[p for n in stage_names("Paper A", "figure") for p in figure_targets(n)],
+        *arithmetic_eval_targets(),
     ]
 
 
@@ -583,11 +577,23 @@ def snapshot_eval_targets():
     ]
 
 
+def arithmetic_eval_targets():
+    """The evaluations of the runs of a paper's arithmetic (es.ablations.arithmetic), which no table reads yet:
+    a paper's target still trains and evaluates them (their norm theory: the default target's analyses)."""
+    return [
+        f"{run_dir(m, t, r)}/eval.json"
+        for m in MODELS
+        for t, r in planned_runs(config, m)
+        if run_spec(config, t, r).settings.get("arithmetic", "exact") != "exact"
+    ]
+
+
 def paper_b_targets():
     return [
-        *[p for n in paper_planning.PAPER_B_TABLES for p in table_targets(n)],
-        *[p for n in paper_planning.PAPER_B_FIGURES for p in figure_targets(n)],
+        *[p for n in stage_names("Paper B", "table") for p in table_targets(n)],
+        *[p for n in stage_names("Paper B", "figure") for p in figure_targets(n)],
         *snapshot_eval_targets(),
+        *arithmetic_eval_targets(),
     ]
 
 
@@ -596,8 +602,7 @@ def paper_targets():
     return [
         *paper_a_targets(),
         *paper_b_targets(),
-        *table_targets("claims"),
-        *table_targets("claims_stability"),
+        *[p for n in stage_names("Claims") for p in table_targets(n)],
     ]
 
 

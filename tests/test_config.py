@@ -182,6 +182,25 @@ def test_schema_rejects_unknown_top_level_key_and_fills_defaults(default_config)
         validate(config, str(REPO / "schemas" / "config.schema.yaml"))
 
 
+def test_the_analysis_defaults_are_stated_once(default_config):
+    """The schema checks the analysis block's types; its defaults are esgrpo.analysis.settings.DEFAULTS
+    (the Snakefile fills them in), so the two cannot drift apart."""
+    import yaml
+
+    from esgrpo.analysis.settings import DEFAULTS, analysis_config
+
+    def defaults(node):
+        if isinstance(node, dict):
+            yield from ([node["default"]] if "default" in node else [])
+            for value in node.values():
+                yield from defaults(value)
+
+    block = yaml.safe_load((REPO / "schemas" / "config.schema.yaml").read_text())["properties"]["analysis"]
+    assert all(value == {} for value in defaults(block))
+    filled = analysis_config({"analysis": {"kl": {"seed": 3}}})
+    assert filled["kl"] == {**DEFAULTS["kl"], "seed": 3} and filled["scan_multiples"] == DEFAULTS["scan_multiples"]
+
+
 def test_schema_checks_the_task_prompt_and_selection(default_config):
     from snakemake.exceptions import WorkflowError
     from snakemake.utils import validate
@@ -280,6 +299,8 @@ def test_a_schema_error_is_one_line_naming_the_key(default_config):
     (lambda text: text.replace("    tasks: [countdown3, sum_yesno]\n",
                                "    tasks: [countdown3, sum_yesno]\n    es: {settings: {max_new_token: 48}}\n"),
      "models.tiny.es.settings: unknown setting(s) ['max_new_token']; allowed: "),
+    (lambda text: text + "\nanalysis: {analyses: [drift, drfit]}\n",
+     "analysis.analyses: unknown ['drfit']; allowed: ['drift', 'theory'"),
 ])
 def test_snakemake_stops_with_one_line(tmp_path, edit, line):
     """`snakemake -n` on a broken config: the line names the key and what to write; no schema dump, no

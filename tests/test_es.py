@@ -38,9 +38,8 @@ from esgrpo.es.ops import (
     normalize_fitness,
     perturbed_population,
     prompt_batch,
-    squared_norm,
 )
-from esgrpo.es.settings import NORM_CHUNK_ELEMENTS, ESConfig
+from esgrpo.es.settings import ESConfig
 from esgrpo.io import read_jsonl
 from esgrpo.noise import Noise, Population, lowrank_factors, stable_name_hash, tensor_noise
 
@@ -101,9 +100,9 @@ def saved_weights(out_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def run_es(model, tokenizer, rows, cfg, evaluate, out_dir, progress_dir, log=print, population="stacked"):
-    """`train_es` over the transformers backend holding `model`."""
+    """`train_es` over the transformers backend holding `model`; its summary record (`RunSummary.to_dict`)."""
     backend = HFESBackend(model, tokenizer, evaluate, population=population)
-    return train_es(backend, rows, cfg, out_dir, progress_dir, log=log)
+    return train_es(backend, rows, cfg, out_dir, progress_dir, log=log).to_dict()
 
 
 # --------------------------------------------------------------------------- seeds and noise
@@ -513,21 +512,6 @@ def test_update_matches_closed_form(tmp_path, antithetic, normalization, unit_rm
     assert summary["updates"] == 1 and not row["skipped"]
 
 
-def test_chunked_norms_equal_the_whole_tensor_sums_up_to_one_chunk():
-    """The update's and the distance's float64 norms go a chunk at a time (issue 21): a tensor of at most
-    one chunk (every tensor of the offline default) gives exactly the whole-tensor sum it gave before, bit
-    for bit; a larger one a sum of chunk sums, equal to ~1e-15."""
-    torch.manual_seed(0)
-    for shape in [(384, 64), (64,), (1, 3), (0,), (NORM_CHUNK_ELEMENTS,)]:
-        a, b = torch.randn(shape) * 1e-3, torch.randn(shape)
-        assert squared_norm(a) == float(a.double().pow(2).sum()), shape
-        assert squared_norm(a, b) == float((a.double() - b.double()).pow(2).sum()), shape
-    big, other = torch.randn(2 * NORM_CHUNK_ELEMENTS + 7), torch.randn(2 * NORM_CHUNK_ELEMENTS + 7)
-    assert squared_norm(big) == pytest.approx(float(big.double().pow(2).sum()), rel=1e-14)
-    assert squared_norm(big, other) == pytest.approx(float((big.double() - other.double()).pow(2).sum()), rel=1e-14)
-    assert squared_norm(big, other, chunk=1000) == pytest.approx(squared_norm(big, other), rel=1e-14)
-
-
 def test_update_sums_antithetic_pairs_like_members():
     shapes = {"a": (3, 4), "b": (5,)}
     seeds = member_seeds(2, 0, 4, antithetic=True)
@@ -651,13 +635,13 @@ def test_sigkill_then_resume_gives_identical_weights(tmp_path, noise):
         time.sleep(0.01)
     child.wait()
     assert child.returncode == -signal.SIGKILL, child.stderr.read().decode()[-2000:]
-    assert not (out / "summary.json").exists()  # it really died before the end
+    assert not (out / "model").exists()  # it really died before the end (the model is exported last)
     killed_rows = read_jsonl(out / "metrics.jsonl")
     assert 3 <= len(killed_rows) < 6  # rows past the last checkpoint were on disk
     assert json.loads((prog / LOCK_NAME).read_text())["pid"] == child.pid  # its lock outlived it ...
     summary = _kill_resume_job(str(out), str(prog), 6, 0.0, noise)
     assert summary["resumed_from"] in (2, 4)
-    assert summary["config"]["noise"] == noise
+    assert summary["settings"]["noise"] == noise
     assert not (prog / LOCK_NAME).exists()  # ... was taken over (a dead pid on this host) and given back
     ref, got = saved_weights(tmp_path / "ref"), saved_weights(out)
     assert ref.keys() == got.keys()
@@ -687,7 +671,7 @@ def test_a_second_trainer_on_a_held_progress_folder_stops_and_names_the_holder(t
     message = second.stderr.strip().splitlines()[-1]
     assert message.startswith("esgrpo.checkpoint.ProgressFolderLocked"), second.stderr[-2000:]
     assert str(prog) in message and f"pid {os.getpid()} on host" in message
-    assert not list(prog.glob("step-*")) and not (out / "summary.json").exists()
+    assert not list(prog.glob("step-*")) and not (out / "model").exists()
     # the holder gave it back: now a trainer runs
     assert _kill_resume_job(str(out), str(prog), 2, 0.0)["resumed_from"] is None
     assert not (prog / LOCK_NAME).exists()
@@ -729,15 +713,14 @@ def test_snapshots_are_the_shorter_runs_and_survive_a_resume(tmp_path):
     base = {"population_size": 4, "sigma": 0.02, "alpha": 0.01, "checkpoint_every": 1, "seed": 4}
     summary = run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=5, snapshots=[3, 2], **base), evaluate,
                        tmp_path / "long", tmp_path / "long_p", log=lambda s: None)
-    assert summary["config"]["snapshots"] == [2, 3]
+    assert summary["settings"]["snapshots"] == [2, 3]
     for k in (2, 3):
-        run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=k, **base), evaluate,
-                 tmp_path / f"short{k}", tmp_path / f"short{k}_p", log=lambda s: None)
+        short_summary = run_es(tiny_llama(seed=1), None, ROWS, ESConfig(iterations=k, **base), evaluate,
+                               tmp_path / f"short{k}", tmp_path / f"short{k}_p", log=lambda s: None)
         snap = load_file(str(snapshot_dir(tmp_path / "long", k) / "model" / "model.safetensors"))
         short = saved_weights(tmp_path / f"short{k}")
         assert snap.keys() == short.keys() and all(torch.equal(snap[n], short[n]) for n in snap)
         record = json.loads((snapshot_dir(tmp_path / "long", k) / "snapshot.json").read_text())
-        short_summary = json.loads((tmp_path / f"short{k}" / "summary.json").read_text())
         assert record["iteration"] == k
         for key in ("updates", "distance_from_init", "theory_distance", "rollouts", "trainable_parameters"):
             assert record[key] == pytest.approx(short_summary[key], rel=1e-12), key
@@ -977,3 +960,13 @@ def test_default_evaluator_keeps_its_buffers_without_changing_fitness(tokenizer)
         want = fresh(perturbed_population(theta, seeds, cfg.sigma), batch, cfg)
         np.testing.assert_array_equal(got.fitness, want.fitness)
         assert got.generated_tokens == want.generated_tokens and got.entropy == want.entropy
+
+
+def test_fitness_from_rewards_is_the_mean_reward_and_success_is_a_full_reward():
+    rewards = np.array([[1.0, 0.0, 0.5], [0.0, 0.0, 0.0]])
+    result = FitnessResult.from_rewards(rewards, generated_tokens=12, entropy=0.25, entropy_estimator="x")
+    assert result.fitness.tolist() == [0.5, 0.0] and result.rollouts == 6 and result.generated_tokens == 12
+    assert result.success.tolist() == [[True, False, False], [False, False, False]]
+    assert result.entropy == 0.25 and result.entropy_estimator == "x"
+    with pytest.raises(ValueError, match="members, prompts"):
+        FitnessResult.from_rewards(np.zeros(3), 0, math.nan)

@@ -26,7 +26,6 @@ from esgrpo.grpo.launch import accelerate_config, launch_command, launch_grpo
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.grpo.trainer import (
     CHECKPOINT_PREFIX,
-    ES_SHARED_KEYS,
     _check_vllm_dtype,
     _last_complete_checkpoint,
     _vllm_max_model_len,
@@ -37,6 +36,7 @@ from esgrpo.grpo.trainer import (
     train_grpo,
 )
 from esgrpo.io import read_json, read_jsonl
+from esgrpo.run_record import STEP_FIELDS, RunSummary
 from esgrpo.tasks.base import make_row
 from esgrpo.tasks.rewards import reward
 
@@ -356,9 +356,9 @@ def test_train_writes_es_schema_metrics_and_a_reloadable_model(model_dir, tmp_pa
 
     rows = read_jsonl(out / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == [1, 2, 3, 4]
-    assert set(ES_SHARED_KEYS) <= es_row_keys(tmp_path)  # the overlap really is ES's vocabulary
+    assert set(STEP_FIELDS) <= es_row_keys(tmp_path)  # one record: ES's rows have the same fields
     for r in rows:
-        assert set(ES_SHARED_KEYS) <= set(r)
+        assert set(STEP_FIELDS) <= set(r)
         assert r["method"] == "grpo" and "kl" not in r  # beta = 0: TRL computes no KL
         assert 0.0 <= r["fitness_mean"] <= 1.0 and r["update_norm"] > 0
     assert [r["rollouts"] for r in rows] == [16, 32, 48, 64]
@@ -378,10 +378,11 @@ def test_train_writes_es_schema_metrics_and_a_reloadable_model(model_dir, tmp_pa
         assert torch.equal(state[name], value), name
     start = {k: v for k, v in AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()}
     moved = sum(float((p.detach() - start[k].detach()).double().pow(2).sum()) for k, p in reloaded.named_parameters())
-    assert moved ** 0.5 == pytest.approx(summary["distance_from_init"], rel=1e-6)
-    assert summary["distance_from_init"] == pytest.approx(rows[-1]["distance_from_init"], rel=1e-9)
-    assert summary["rollouts"] == 64 and summary["steps"] == 4
-    assert read_json(out / "summary.json")["settings"] == settings.to_dict()
+    assert moved ** 0.5 == pytest.approx(summary.distance_from_init, rel=1e-6)
+    assert summary.distance_from_init == pytest.approx(rows[-1]["distance_from_init"], rel=1e-9)
+    assert summary.rollouts == 64 and summary.iterations == summary.updates == 4
+    assert summary.settings == settings.to_dict() and summary.trainable_parameters == sum(p.numel() for p in start.values())
+    assert not (out / "summary.json").exists()  # the training stage writes it
 
 
 def test_kl_is_logged_when_beta_is_set(model_dir, tmp_path):
@@ -437,7 +438,9 @@ def test_train_run_launches_several_processes_through_accelerate(tmp_path, monke
     def launch(model, rows, verifier, settings, out_dir, progress_dir, live):
         calls.append((model, len(rows), verifier, settings.num_processes, settings.sharding, str(progress_dir),
                       live.run_name, live.logdir))
-        return {"method": "grpo", "steps": settings.steps}
+        return RunSummary(method="grpo", iterations=settings.steps, updates=settings.steps, trainable_parameters=10,
+                          distance_from_init=0.5, final_fitness_mean=0.25, best_fitness_mean=0.5, rollouts=16,
+                          generated_tokens=40, seconds=1.0, resumed_from=None, settings=settings.to_dict())
 
     monkeypatch.setattr(grpo_launch, "launch_grpo", launch)
     monkeypatch.setenv("ESGRPO_LIVE", json.dumps({"report_to": ["tensorboard"], "root": "tb"}))  # rules/common.smk
@@ -448,7 +451,9 @@ def test_train_run_launches_several_processes_through_accelerate(tmp_path, monke
               {"task": "sum_yesno", "run": "grpo-g4-s0", "model": "tiny"}, 1)
     assert calls == [("m", 8, "yesno", 2, "fsdp", str(tmp_path / "p"), "tiny/sum_yesno/grpo-g4-s0",
                       "tb/tiny/sum_yesno/grpo-g4-s0")]  # the live-curve settings reach the launch
-    assert read_json(tmp_path / "run" / "summary.json")["init_model"] == "m"
+    written = read_json(tmp_path / "run" / "summary.json")
+    assert written["init_model"] == "m" and written["iterations"] == written["updates"] == settings["steps"]
+    assert written["settings"]["num_processes"] == 2 and written["provenance"]["config"]["settings"] == settings
 
 
 @pytest.mark.slow
@@ -463,11 +468,11 @@ def test_two_processes_through_accelerate_on_cpu(model_dir, tmp_path):
                           log=lambda m: None)
     rows = read_jsonl(tmp_path / "out" / "metrics.jsonl")
     assert [r["iteration"] for r in rows] == [1, 2] and [r["rollouts"] for r in rows] == [16, 32]
-    assert summary["rollouts"] == 32 and summary["resumed_from"] is None and rows[0]["update_norm"] > 0
+    assert summary.rollouts == 32 and summary.resumed_from is None and rows[0]["update_norm"] > 0
     trained = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "out" / "model").named_parameters())
     start = dict(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
     moved = sum(float((trained[k].detach() - start[k].detach()).double().pow(2).sum()) for k in start) ** 0.5
-    assert moved == pytest.approx(summary["distance_from_init"], rel=1e-6)
+    assert moved == pytest.approx(summary.distance_from_init, rel=1e-6)
     assert not (tmp_path / "progress" / LOCK_NAME).exists() and (tmp_path / "progress" / "checkpoint-2").is_dir()
     import transformers
     from packaging.version import Version
@@ -476,7 +481,7 @@ def test_two_processes_through_accelerate_on_cpu(model_dir, tmp_path):
         return  # 5.17 loads a multi-process run's optimiser state to args.device, "cpu:0", which torch.load refuses
     again = launch_grpo(model_dir, yesno_rows(), "yesno", settings, tmp_path / "out", tmp_path / "progress",
                         log=lambda m: None)
-    assert again["resumed_from"] == 2 and again["distance_from_init"] == pytest.approx(summary["distance_from_init"])
+    assert again.resumed_from == 2 and again.distance_from_init == pytest.approx(summary.distance_from_init)
 
 
 _CHILD = textwrap.dedent("""
@@ -532,7 +537,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(model_dir, tmp_path):
     os.kill(run.pid, signal.SIGKILL)  # in step 3 or 4: its metrics row may be written, its checkpoint not
     run.wait()
     run.stdout.close()
-    assert not (out / "summary.json").exists()
+    assert not (out / "model").exists()  # it died before the end (the model is saved last)
     assert read_json(progress / LOCK_NAME)["pid"] == run.pid  # the dead run's lock: stale, taken over below
     killed_at = max(r["iteration"] for r in read_jsonl(progress / "metrics.jsonl"))
     assert 2 <= killed_at < 6
@@ -540,7 +545,7 @@ def test_resume_after_kill_matches_an_uninterrupted_run(model_dir, tmp_path):
     messages: list[str] = []
     summary = train_grpo(model_dir, rows, "yesno", settings, out, progress, log=messages.append)
     assert any("resuming after step" in m for m in messages), messages
-    assert summary["resumed_from"] in (2, 4) and summary["steps"] == 6
+    assert summary.resumed_from in (2, 4) and summary.iterations == 6
     assert not (progress / LOCK_NAME).exists()
 
     metrics = read_jsonl(out / "metrics.jsonl")
@@ -557,12 +562,12 @@ def test_resume_after_kill_matches_an_uninterrupted_run(model_dir, tmp_path):
         assert torch.equal(final[name], expected[name]), name
 
     # A finished run rerun with the same settings trains nothing more and keeps its rows ...
-    assert train_grpo(model_dir, rows, "yesno", settings, out, progress, **quiet)["resumed_from"] == 6
+    assert train_grpo(model_dir, rows, "yesno", settings, out, progress, **quiet).resumed_from == 6
     assert [r["iteration"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2, 3, 4, 5, 6]
     assert all(torch.equal(weights(out / "model")[k], v) for k, v in expected.items())
     # ... and other settings in the same folder start afresh instead of resuming another run.
     other = small_settings(steps=2, save_every=2, learning_rate=1e-3)
     messages.clear()
-    assert train_grpo(model_dir, rows, "yesno", other, out, progress, log=messages.append)["resumed_from"] is None
+    assert train_grpo(model_dir, rows, "yesno", other, out, progress, log=messages.append).resumed_from is None
     assert any("starting afresh" in m for m in messages), messages
     assert [r["iteration"] for r in read_jsonl(out / "metrics.jsonl")] == [1, 2]

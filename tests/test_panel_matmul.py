@@ -127,3 +127,30 @@ def test_bad_shapes_are_refused_with_the_shapes():
         panel_matmul.matmul(torch.randn(3, 6), panels, torch.empty(3, 9))
     with pytest.raises(ValueError, match="2-D fp32 CPU"):
         panel_matmul.pack(torch.randn(10, 6, dtype=torch.float64))
+
+
+def avx512_cpu() -> bool:
+    """The CPU has AVX-512 F and VL (what the 8-row tile needs), read from /proc/cpuinfo's flags."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return "avx512f" in flags and "avx512vl" in flags
+
+
+@needs_kernel
+@pytest.mark.parametrize("out,inp", [(24, 5), (7, 3), (960, 576), (50, 77)])
+@pytest.mark.parametrize("rows", [1, 4, 5, 8, 9, 16, 70, 131])
+def test_the_wide_tile_gives_the_same_floats_and_runs_only_on_avx512(out, inp, rows):
+    gen = torch.Generator().manual_seed(out * 1000 + inp + rows)
+    w, x = torch.randn(out, inp, generator=gen), torch.randn(rows, inp, generator=gen)
+    panels = panel_matmul.pack(w)
+    try:
+        assert panel_matmul.set_wide_tile(True) is avx512_cpu()
+        assert panel_matmul.wide_tile() is avx512_cpu()
+        wide = panel_matmul.matmul(x, panels)
+        assert panel_matmul.set_wide_tile(False) is False and not panel_matmul.wide_tile()
+        narrow = panel_matmul.matmul(x, panels)
+    finally:
+        panel_matmul.set_wide_tile(True)
+    assert torch.equal(wide, narrow)  # the same fused multiply-add chain per output, bit for bit

@@ -42,22 +42,25 @@ def expected_jobs(name: str) -> dict[str, int]:
         single = len(PAPER_A_MODELS) * len(PAPER_A_TASKS) * 2            # ES N=30 and GRPO G=8, one seed
         # stages 2-4 x {ES, GRPO}, and ES stage 1 at the continual budget (100 it; GRPO's 1 = its main run)
         continual = len(PAPER_A_MODELS) * ((len(PAPER_A_TASKS) - 1) * 2 + 1)
-        runs = single + continual
+        arithmetic = len(PAPER_A_MODELS)  # paper A's own arithmetic beside the main ES run on countdown (issue 31)
+        runs = single + continual + arithmetic
         snapshots = len(PAPER_A_MODELS) * len(PAPER_A_TASKS)            # ES after 100 of its 300 iterations
         return {"prepare_task": 4, "eval_base": 2, "train_run": runs, "es_snapshot": snapshots,
                 "eval_run": runs + snapshots, "table_base_passk": 1}
     if name == "paper_b":
-        easy = len(PAPER_B_EASY) * (1 + 3 + 2 + 1 + 1)  # ES N=32; N in {8,16,64}; rank, none; antithetic; GRPO
+        # ES N=32; N in {8,16,64}; rank, none; antithetic; paper B's own arithmetic (issue 31); GRPO
+        easy = len(PAPER_B_EASY) * (1 + 3 + 2 + 1 + 1 + 1)
         hard = len(PAPER_B_HARD_TRAIN_TASKS) * 2 + 2    # ES and GRPO per task; ES->GRPO, GRPO->ES on DeepScaleR
         runs = easy + hard
         snapshots = len(PAPER_B_EASY) + len(PAPER_B_HARD_TRAIN_TASKS)  # each main ES run after one epoch (117 it)
         return {"prepare_task": 2 + len(PAPER_B_HARD_EVAL_TASKS), "eval_base": 5, "train_run": runs, "es_snapshot": snapshots,
                 "eval_run": runs + snapshots, "pin_model": 1, "table_base_passk": 1}  # pinned: Qwen2.5-1.5B
     if name == "smollm2":
-        runs = 3 * 3   # seeds 0, 1, 2 x {ES N=8 full-rank, ES N=8 rank 4, GRPO G=4}
+        # seeds 0, 1, 2 x {ES N=8 full-rank, ES N=8 rank 4, paper A's and paper B's arithmetic, GRPO G=4}
+        runs = 3 * 5
         return {"convert_gguf_model": 1, "prepare_task": 1, "eval_base": 1, "train_run": runs, "eval_run": runs,
-                # drift: the main ES and GRPO runs per seed; norm theory: every ES run (full-rank, rank 4)
-                "analysis_drift": 2 * 3, "analysis_theory": 2 * 3, "table_base_passk": 1}
+                # drift: the main ES and GRPO runs per seed; norm theory: every ES run (full-rank, rank 4, arithmetic)
+                "analysis_drift": 2 * 3, "analysis_theory": 4 * 3, "table_base_passk": 1}
     raise KeyError(name)
 
 
@@ -151,12 +154,10 @@ def job_counts(workdir: Path, configfile: Path, targets: list[str]) -> tuple[dic
 
 def paper_rules() -> dict[str, list[str]]:
     """The table/figure rules of each paper (rules/paper.smk)."""
-    from esgrpo.report import planning
+    from esgrpo.report.registry import STAGES, stage_names
 
-    return {
-        "paper_a": [f"table_{t}" for t in planning.PAPER_A_TABLES] + [f"figure_{f}" for f in planning.PAPER_A_FIGURES],
-        "paper_b": [f"table_{t}" for t in planning.PAPER_B_TABLES] + [f"figure_{f}" for f in planning.PAPER_B_FIGURES],
-    }
+    return {target: [f"{STAGES[n].kind}_{n}" for n in stage_names(paper)]
+            for target, paper in (("paper_a", "Paper A"), ("paper_b", "Paper B"))}
 
 
 @pytest.mark.slow

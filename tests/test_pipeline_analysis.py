@@ -14,6 +14,9 @@ import yaml
 from conftest import REPO, run_workflow
 
 from esgrpo.analysis import settings as analysis_settings
+from esgrpo.analysis.interpolation import PathStates, interpolation_points
+from esgrpo.analysis.kl import continuation_logits
+from esgrpo.analysis.sparsity import sparsity_points
 from esgrpo.engines.rollout import HFEngine
 from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
 from esgrpo.io import read_json, write_json, write_jsonl
@@ -159,12 +162,13 @@ def test_cosine_stage(ckpts, tmp_path):
 
 def test_sparsity_points_endpoints_are_the_two_models(ckpts):
     base, es = _params(ckpts["base"]), _params(ckpts["es"])
-    points = {(f["kind"], f["keep_fraction"] if f["kind"] == "top_fraction" else f["module_type"]): (f, make)
-              for f, _, make in A.sparsity_points(base, es, [1.0, 0.5, 0.0])}
-    full, make_full = points[("top_fraction", 1.0)]
-    none, make_none = points[("top_fraction", 0.0)]
-    assert all(torch.equal(make_full()[k], es[k]) for k in es)
-    assert all(torch.equal(make_none()[k], base[k]) for k in base)
+    points = {(p.kind, p.keep_fraction if p.kind == "top_fraction" else p.module_type): (p.fields(), p)
+              for p in sparsity_points(base, es, [1.0, 0.5, 0.0])}
+    full, point_full = points[("top_fraction", 1.0)]
+    none, point_none = points[("top_fraction", 0.0)]
+    assert point_full.key() == "theta" and point_none.key() == "theta0"
+    assert all(torch.equal(point_full.state(base, es)[k], es[k]) for k in es)
+    assert all(torch.equal(point_none.state(base, es)[k], base[k]) for k in base)
     assert full["n_kept"] == full["n_changed"] == sum(int((es[k] != base[k]).sum()) for k in es)
     assert none["n_kept"] == 0
     assert points[("top_fraction", 0.5)][0]["n_kept"] == round(0.5 * full["n_changed"])
@@ -221,7 +225,7 @@ def test_kl_base_to_itself_is_zero_and_positive_for_a_perturbed_model(ckpts, tmp
 def test_continuation_mask_selects_only_completion_positions(ckpts):
     model, _ = load_model(ckpts["base"])
     batch = [([5, 6, 7], [8, 9]), ([5, 6, 7, 10, 11], [12])]
-    logits, mask = A._continuation_logits(model, batch, pad_id=0)
+    logits, mask = continuation_logits(model, batch, pad_id=0)
     # window starts at min prompt length - 1 = 2; row 0 predicts positions 2..3, row 1 position 4
     assert mask.tolist() == [[True, True, False], [False, False, True]]
     full = model(input_ids=torch.tensor([[5, 6, 7, 8, 9]])).logits[0]
@@ -234,8 +238,9 @@ def test_continuation_mask_selects_only_completion_positions(ckpts):
 def test_interpolation_points_endpoints_and_dedup(ckpts):
     base, es, grpo = _params(ckpts["base"]), _params(ckpts["es"]), _params(ckpts["grpo"])
     d_es, d_grpo = A.delta(es, base), A.delta(grpo, base)
-    points = list(A.interpolation_points(base, d_es, d_grpo, 11, [-1.0, 0.0, 0.5, 1.0, 2.0], 0))
-    by = {(p, round(lam, 6)): (step, key, make) for p, lam, step, key, make in points}
+    states = PathStates(base, d_es, d_grpo, 0)
+    points = list(interpolation_points(states, 11, [-1.0, 0.0, 0.5, 1.0, 2.0]))
+    by = {(p.path, round(p.lam, 6)): (p.step, p.key, lambda p=p: states.state(p)) for p in points}
     assert all(torch.equal(by[("es-grpo", 0.0)][2]()[k], es[k]) for k in es)
     assert all(torch.equal(by[("es-grpo", 1.0)][2]()[k], grpo[k]) for k in grpo)
     assert all(torch.equal(by[("base-es", 0.0)][2]()[k], base[k]) for k in base)
@@ -248,7 +253,7 @@ def test_interpolation_points_endpoints_and_dedup(ckpts):
     assert by[("es-grpo", 0.5)][0] == pytest.approx(A.l2({k: (d_es[k] + d_grpo[k]) / 2 for k in d_es}))
     moved = by[("dir-random", -1.0)][2]()
     assert A.l2(A.delta(moved, base)) == pytest.approx(A.l2(d_es), rel=1e-6)
-    assert len({key for _, _, _, key, _ in points}) < len(points)
+    assert len({p.key for p in points}) < len(points)
 
 
 def test_interpolation_stage(ckpts, tmp_path):
@@ -276,14 +281,7 @@ def test_interpolation_stage(ckpts, tmp_path):
 # --------------------------------------------------------------------------- config and DAG
 
 
-def test_schema_defaults_match_the_code():
-    schema = yaml.safe_load((REPO / "schemas" / "config.schema.yaml").read_text())
-    block = schema["properties"]["analysis"]["properties"]
-    for key in ("analyses", "sparsity_fractions", "interpolation_steps", "scan_multiples", "random_direction_seed",
-                "interpolation_eval"):
-        assert block[key]["default"] == analysis_settings.DEFAULTS[key], key
-    for sub in ("eval", "kl"):
-        assert {k: v["default"] for k, v in block[sub]["properties"].items()} == analysis_settings.DEFAULTS[sub]
+def test_analysis_settings_merge_and_check():
     merged = analysis_settings.analysis_config({"analysis": {"kl": {"n_prompts": 5}}})
     assert merged["kl"]["n_prompts"] == 5 and merged["kl"]["samples_per_prompt"] == 4
     eval_settings = analysis_settings.analysis_eval_settings({"n_samples": 32, "ks": [1, 32], "backend": "vllm"},

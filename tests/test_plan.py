@@ -460,10 +460,10 @@ def test_a_dag_with_a_job_that_cannot_fit_stops_at_parse_time(tmp_path):
 
 def test_es_working_set_is_what_the_update_and_distance_allocate():
     """ES beside the fp32 master: the update holds its fp32 step and one noise draw, then a float64 chunk
-    (not a float64 copy of the whole tensor), engine 0's distance three float64 chunks; at Qwen3-4B and 7B
+    (not a float64 copy of the whole tensor), the distance three float64 chunks (either backend); at Qwen3-4B and 7B
     the embedding dominates, 8 bytes an element. The old code held 20 (update) and 24 (distance) bytes an
     element: 5.8 GiB more than counted at Qwen3-4B and 8.1 GiB at 7B (the issue's figures)."""
-    from esgrpo.es.settings import NORM_CHUNK_ELEMENTS
+    from esgrpo.distance import NORM_CHUNK_ELEMENTS
     from esgrpo.plan.memory import es_tensor_bytes, es_update_bytes
 
     for source, short_gib in [("Qwen/Qwen3-4B-Instruct-2507", 5.8), ("Qwen/Qwen2.5-7B-Instruct", 8.1)]:
@@ -834,3 +834,27 @@ def test_plan_vs_measured_judges_every_job_of_a_kind(tmp_path):
     assert table["analysis_drift (compare)"].endswith("| 0.50-0.90 | **no** |")
     assert table["eval_base (eval)"].endswith("| 1.05 | yes |")
     assert table["heldout_base (lm-eval)"].endswith("| 0.78 | yes |")
+
+
+def test_arithmetic_runs_hold_no_master_and_their_weights_in_bf16():
+    """es.ablations.arithmetic (esgrpo.es.arithmetic): on the transformers backend an fp32 model runs as a bf16
+    copy, theta and theta0 in bf16 (the main run: fp32 model, fp32 theta and theta0); on vLLM one engine and
+    no fp32 master beside it."""
+    from esgrpo.plan import PlanSettings
+    from esgrpo.plan.grid import Planner
+
+    config = load("config.yaml")
+    planner = Planner(config, PlanSettings.from_config(config))
+    main = planner.plan("train_run", "tiny", "countdown3", "es-n16-s0")
+    arith = planner.plan("train_run", "tiny", "countdown3", "es-n16-arith_paper_a-s0")
+    p = main.job.architecture.parameters
+    assert (main.job.weight_dtype, arith.job.weight_dtype, arith.job.es_arithmetic) == (
+        "float32", "bfloat16", "inplace_sequential")
+    assert main.host_memory.parts["theta0 and theta (fp32)"] == 8 * p and main.host_memory.parts["model weights"] == 4 * p
+    assert arith.host_memory.parts["theta0 and theta (bfloat16)"] == 4 * p
+    assert arith.host_memory.parts["model weights"] == 2 * p and "theta0 and theta (fp32)" not in arith.host_memory.parts
+    plans = {p.job.label: p for p in plan_config(load("configs/paper_b.yaml"))}
+    exact, in_place = (plans[f"train_run qwen2_5_7b/gsm8k/{r}"] for r in ("es-n32-s0", "es-n32-arith_paper_b-s0"))
+    assert exact.gpus == 4 and "ES fp32 master" in exact.gpu_memory.parts
+    assert in_place.gpus == 1 and "ES fp32 master" not in in_place.gpu_memory.parts
+    assert in_place.gpu_memory.parts["vLLM weights"] == exact.gpu_memory.parts["vLLM weights"]

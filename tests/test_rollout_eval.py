@@ -8,7 +8,14 @@ import pytest
 import torch
 
 from esgrpo.engines.local import PopulationEngine, local_engine
-from esgrpo.engines.rollout import HFEngine, eos_token_ids, id_list, lengths_through_eos
+from esgrpo.engines.rollout import (
+    HFEngine,
+    eos_token_ids,
+    id_list,
+    lengths_through_eos,
+    prompt_text,
+    prompt_texts,
+)
 from esgrpo.evaluation.evaluate import EvalSettings, answer_key, evaluate_rows
 from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
 from esgrpo.models.warmup import WarmupConfig, build_examples, wrong_format
@@ -23,6 +30,17 @@ def tiny():
                                                       num_hidden_layers=1, num_attention_heads=2,
                                                       num_key_value_heads=1), seed=0)
     return model.eval(), tokenizer, rows
+
+
+def test_a_conversation_is_chat_templated_and_a_plain_string_prompt_is_kept(tiny):
+    """One prompt rule for ES, GRPO and evaluation, TRL's: messages through the chat template, a plain
+    string as it is."""
+    _, tokenizer, rows = tiny
+    templated = prompt_text(tokenizer, rows[0])
+    assert templated == tokenizer.apply_chat_template(rows[0]["prompt"], tokenize=False, add_generation_prompt=True)
+    assert rows[0]["prompt"][-1]["content"] in templated and templated != rows[0]["prompt"][-1]["content"]
+    plain = {**rows[1], "prompt": "2 + 2 ="}
+    assert prompt_texts(tokenizer, [rows[0], plain]) == [templated, "2 + 2 ="]
 
 
 @pytest.mark.parametrize("engine_class", [HFEngine, PopulationEngine])

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from esgrpo.io import append_jsonl, read_jsonl, write_json
+from esgrpo.io import append_jsonl, atomic_directory, read_jsonl, write_json
 from esgrpo.runs import (
     RUN_PATTERN,
     SNAPSHOT_RUN_PATTERN,
@@ -60,6 +60,27 @@ def test_low_rank_names_set_the_noise_and_full_rank_names_add_no_setting(config)
         "noise": "lowrank", "rank": 2}
     assert run_spec(config, "tiny", "countdown3", "es-n16-s0").settings["noise"] == "full"
     assert ("countdown3", "es-n16-r2-norm_none-s0") in planned_runs(config, "tiny")
+
+
+def test_arithmetic_names_set_a_papers_seeding_and_arithmetic_and_are_planned_at_the_main_population(config):
+    """es.ablations.arithmetic: each paper's seeding with its own in-place arithmetic, full-rank whatever the
+    main runs' noise; the main runs keep the exact arithmetic (no key: their Snakemake params unchanged)."""
+    spec = run_spec(config, "countdown3", "es-n16-arith_paper_a-s0")
+    assert {k: spec.settings[k] for k in ("noise_seeding", "arithmetic")} == {
+        "noise_seeding": "paper_a", "arithmetic": "inplace_sequential"}
+    assert spec.labels["arithmetic"] == "paper_a"
+    spec_b = run_spec(config, "countdown3", "es-n16-arith_paper_b-s0")
+    assert (spec_b.settings["noise_seeding"], spec_b.settings["arithmetic"]) == ("paper_b", "inplace_summed")
+    assert "arithmetic" not in run_spec(config, "countdown3", "es-n16-s0").settings
+    config["es"]["ablations"].update(arithmetic=["paper_a", "paper_b"], seeds=[0, 1])
+    runs = planned_runs(config, "tiny")
+    assert [r for t, r in runs if "arith" in r] == ["es-n16-arith_paper_a-s0", "es-n16-arith_paper_a-s1",
+                                                     "es-n16-arith_paper_b-s0", "es-n16-arith_paper_b-s1"]
+    assert all(t == config["es"]["ablations"]["task"] for t, r in runs if "arith" in r)
+    config["es"]["settings"].update(noise="lowrank", rank=2)
+    assert run_spec(config, "countdown3", "es-n16-arith_paper_b-s0").settings["noise"] == "full"
+    with pytest.raises(ValueError, match="not a run name"):
+        parse_run_name("es-n16-arith_paper_c-s0")
 
 
 def test_sequential_runs_start_from_the_first_stage(config):
@@ -162,13 +183,15 @@ def test_run_names_parse_back_to_what_formatted_them():
         grpo_name(8, 1): RunName("grpo", "grpo", 1, "grpo-g8", group=8),
         sequential_name("es", "grpo", 4): RunName("sequential", "grpo", 4, "es-then-grpo", first="es"),
         continual_name("es", 3, 2): RunName("continual", "es", 3, "cl_es-k2", stage=2),
+        es_name(16, 0, arithmetic="paper_b"): RunName("es", "es", 0, "es-n16-arith_paper_b", population=16,
+                                                      normalization="zscore", antithetic=False, arithmetic="paper_b"),
     }
     for name, parsed in cases.items():
         assert re.fullmatch(RUN_PATTERN, name), name
         assert parse_run_name(name) == parsed, name
     assert list(cases) == ["es-n8-norm_rank-anti-s3", "es-n16-s0", "es-n16-r4-s0", "es-n8-r1-norm_none-anti-s1",
                            "es-n16-it10-s2", "grpo-g8-s1",
-                           "es-then-grpo-s4", "cl_es-s3-k2"]
+                           "es-then-grpo-s4", "cl_es-s3-k2", "es-n16-arith_paper_b-s0"]
     # pair analyses of the ES and GRPO main runs of one seed are named by the seed alone
     assert pair_seed("s12") == 12 and pair_seed("es-n16-s0") is None
     with pytest.raises(ValueError, match="'base' is not a run name"):
@@ -243,3 +266,32 @@ def test_atomic_json_and_torn_jsonl_tail(tmp_path):
     path.write_text('{"i": 1}\n{"i"\n{"i": 3}\n')
     with pytest.raises(ValueError, match="line 2"):
         read_jsonl(path)
+
+
+def test_atomic_directory_syncs_every_file_then_replaces_the_folder_whole(tmp_path, monkeypatch):
+    """Every file and folder of the new tree is on disk before the rename, the parent after it (a rename
+    alone may land before the data after a power loss); a failure keeps the old folder and leaves nothing."""
+    import os
+
+    synced = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd):  # the real sync, and which path it was for
+        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "old.txt").write_text("old")
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    with atomic_directory(target) as tmp:
+        (tmp / "sub").mkdir()
+        (tmp / "sub" / "weights.bin").write_bytes(b"w")
+        (tmp / "config.json").write_text("{}")
+    assert sorted(p.relative_to(target).as_posix() for p in target.rglob("*")) == [
+        "config.json", "sub", "sub/weights.bin"]
+    assert {"weights.bin", "config.json", "sub"} <= set(synced[:-1]) and synced[-1] == tmp_path.name
+    with pytest.raises(RuntimeError), atomic_directory(target) as tmp:
+        (tmp / "half.bin").write_bytes(b"h")
+        raise RuntimeError("killed mid-write")
+    assert (target / "config.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["model"]

@@ -39,7 +39,7 @@ from esgrpo.engines.vllm_layout import (
 )
 from esgrpo.es import vllm_backend
 from esgrpo.es.loop import snapshot_dir, train_es
-from esgrpo.es.ops import member_seeds
+from esgrpo.es.ops import member_seeds, normalize_fitness
 from esgrpo.es.settings import ESConfig
 from esgrpo.es.vllm_backend import (
     ESWorkerExtension,
@@ -101,8 +101,9 @@ def reference_direction(shapes: dict, seeds_signs, weights) -> dict[str, torch.T
 
 
 def run_es_vllm(pool, model_ref, prompt_ids, rows, cfg, reward_fn, out_dir, progress_dir, log=print):
-    """`train_es` over the vLLM backend holding `pool`."""
-    return train_es(VLLMESBackend(pool, model_ref, prompt_ids, reward_fn), rows, cfg, out_dir, progress_dir, log=log)
+    """`train_es` over the vLLM backend holding `pool`; its summary record (`RunSummary.to_dict`)."""
+    return train_es(VLLMESBackend(pool, model_ref, prompt_ids, reward_fn), rows, cfg, out_dir, progress_dir,
+                    log=log).to_dict()
 
 
 # --------------------------------------------------------------------------- imports
@@ -238,6 +239,70 @@ def test_bf16_weights_keep_small_updates_in_the_fp32_master():
     for n, p in worker.model_runner.model.named_parameters():
         assert p.dtype == torch.bfloat16
         assert torch.equal(p, worker._es_theta[n].to(torch.bfloat16))
+
+
+ARITHMETIC_DATA = REPO / "tests" / "data" / "es_arithmetic" / "expected.pt"
+
+
+@pytest.mark.parametrize("variant", ["paper_a/inplace_sequential", "paper_b/inplace_summed",
+                                     "paper_b/inplace_sequential", "paper_a/exact", "paper_b/exact"])
+def test_worker_arithmetic_gives_the_direct_computations_fused_weights_bit_for_bit(variant):
+    """The papers' seedings on vLLM's fused tensor names and shapes, and their in-place arithmetic, against
+    tests/data/es_arithmetic/make_expected.py (written from the papers' workers): every member perturbed and
+    restored in order on one engine, then the update, for three iterations."""
+    from transformers import LlamaConfig
+
+    data = torch.load(ARITHMETIC_DATA, weights_only=True)
+    config = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=2)
+    worker = FakeWorker(fuse_state_dict(data["initial"], config), config)
+    worker.es_init(master="weights")
+    seeding, arithmetic = variant.split("/")
+    worker.es_arithmetic(seeding, arithmetic)
+    for t, fitness in enumerate(data["fitness"]):
+        seeds_signs = member_seeds(data["run_seed"], t, data["n"], antithetic=False)
+        for seed, sign in seeds_signs:
+            worker.es_perturb(seed, data["sigma"], sign)
+            worker.es_restore()
+        worker.es_apply_update([list(p) for p in seeds_signs], normalize_fitness(np.array(fitness)), data["alpha"])
+    want = data["expected"][f"vllm/{variant}"]
+    got = worker._es_theta if arithmetic == "exact" else dict(worker.model_runner.model.named_parameters())
+    assert set(got) == set(want)
+    for name, value in want.items():
+        assert got[name].dtype == value.dtype and torch.equal(got[name], value), name
+    if arithmetic != "exact":  # no master: theta is the live weights
+        params = dict(worker.model_runner.model.named_parameters())
+        assert all(worker._es_theta[n].data_ptr() == params[n].data_ptr() for n in want)
+        start = fuse_state_dict(data["initial"], config)
+        distance = math.sqrt(sum(float((want[n].double() - start[n].double()).pow(2).sum()) for n in want))
+        assert worker.es_distance_from_init() == pytest.approx(distance, rel=1e-12)
+
+
+def test_worker_in_place_refuses_a_second_perturbation_and_the_backend_more_than_one_engine(tmp_path):
+    model = tiny_llama()
+    worker = FakeWorker({n: v.to(torch.bfloat16) for n, v in fused_of(model).items()}, model.config)
+    worker.es_init(master="weights")
+    worker.es_arithmetic("paper_a", "inplace_sequential")
+    worker.es_perturb(1, 0.01)
+    with pytest.raises(RuntimeError, match="perturbed already"):
+        worker.es_perturb(2, 0.01)
+    with pytest.raises(RuntimeError, match="restored weights"):
+        worker.es_apply_update([[1, 1.0]], [1.0], 0.01)
+    worker.es_restore()
+    # no master: a checkpoint holds the live weights (bf16), and loading it writes them back
+    params = dict(worker.model_runner.model.named_parameters())
+    saved = {n: p.detach().clone() for n, p in params.items()}
+    worker.es_save_theta(str(tmp_path))
+    worker.es_apply_update([[1, 1.0], [2, 1.0]], [1.0, -1.0], 0.05)
+    assert not all(torch.equal(params[n], saved[n]) for n in saved)
+    worker.es_load_theta(str(tmp_path))
+    assert all(params[n].dtype == torch.bfloat16 and torch.equal(params[n], saved[n]) for n in saved)
+    cfg = ESConfig(population_size=2, noise_seeding="paper_a", arithmetic="inplace_sequential")
+    with pytest.raises(ValueError, match="one vLLM engine"):
+        VLLMESBackend(VLLMESPool([LocalEngine(model), LocalEngine(model)]), "m", {}, _reward).start(cfg)
+    one = LocalEngine(model)
+    VLLMESBackend(VLLMESPool([one]), "m", {}, _reward).start(cfg)
+    assert one.worker._es_arith == "inplace_sequential" and one.worker._es_noise.seeding == "paper_a"
 
 
 def test_export_hf_loads_in_transformers(tmp_path):
@@ -1116,3 +1181,49 @@ def test_real_train_es_vllm_writes_a_loadable_run(real_engine, tmp_path):
     assert moved and all(".layers.1." in n for n in moved)
     distance = math.sqrt(sum(float((trained[n].double() - base[n].double()).pow(2).sum()) for n in base))
     assert distance == pytest.approx(summary["distance_from_init"], rel=1e-5)
+
+
+@pytest.mark.vllm
+def test_real_worker_runs_paper_bs_arithmetic_in_place_on_vllms_own_tensors(real_engine, tmp_path):
+    """Paper B's seeding and in-place arithmetic through collective_rpc on a real engine: the noise is drawn for
+    vLLM's fused, vocabulary-padded tensors by their vLLM names (seed XOR blake2b-8(name), fp32), perturb and
+    restore add and subtract its cast, the update adds the cast fp32 sum; checked against that computation
+    written here on the live weights the engine saves (the engine runs fp32: the casts are exact)."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    llm = real_engine.llm
+
+    def live(folder):
+        llm.collective_rpc("es_save_theta", args=(str(tmp_path / folder),))
+        return load_file(str(tmp_path / folder / "theta.safetensors"))
+
+    def draw(seed, name, shape):
+        tensor_id = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+        gen = torch.Generator().manual_seed((seed ^ tensor_id) & 0xFFFFFFFFFFFFFFFF)
+        return torch.randn(shape, generator=gen, dtype=torch.float32)
+
+    llm.collective_rpc("es_init", args=(["*"],))
+    llm.collective_rpc("es_arithmetic", args=("paper_b", "inplace_summed"))
+    start = live("start")
+    assert start["model.embed_tokens.weight"].shape == (320, 64)  # vLLM's padded table, drawn whole
+    assert "model.layers.0.self_attn.qkv_proj.weight" in start
+    llm.collective_rpc("es_perturb", args=(7, 0.05, -1.0))
+    llm.collective_rpc("es_restore")
+    restored = live("restored")
+    for name, w in start.items():
+        step = (draw(7, name, w.shape) * -0.05).to(w.dtype)
+        assert torch.equal(restored[name], (w + step) - step), name
+    seeds, weights = [3, 9], [1.0, -0.5]
+    llm.collective_rpc("es_apply_update", args=([[3, 1.0], [9, 1.0]], weights, 0.02))
+    updated = live("updated")
+    for name, w in restored.items():
+        total = torch.zeros(w.shape)
+        for seed, z in zip(seeds, weights, strict=True):
+            total.add_(draw(seed, name, w.shape), alpha=0.02 / 2 * z)
+        assert torch.equal(updated[name], w + total.to(w.dtype)), name
+    # back to the exact arithmetic, and the start's weights (the padding rows, which the papers' draws moved, too)
+    llm.collective_rpc("es_init", args=(["*"],))
+    llm.collective_rpc("es_load_theta", args=(str(tmp_path / "start"),))
+    assert all(torch.equal(v, start[n]) for n, v in live("reset").items())

@@ -9,7 +9,8 @@ A trainer keeps what it needs to resume after a kill in its run's progress folde
 - `fingerprint`: a digest of what decides a run's trajectory (settings, rows, start weights); a
   folder holding another run's checkpoints is cleared on a fresh start, never resumed.
 - `ProgressFolder.write_checkpoint`: a checkpoint is filled under a temporary name, synced and
-  renamed, so it exists whole or not at all (TRL writes its own and `esgrpo.grpo.trainer` checks them).
+  renamed (`esgrpo.io.atomic_directory`), so it exists whole or not at all (TRL writes its own and
+  `esgrpo.grpo.trainer` checks them).
 - `WriterLock`: a second trainer on a held folder stops with the folder and the holder named (two
   writers would interleave checkpoints: docs/cluster.md says to `scancel` old jobs before restarting
   a driver). A lock whose holder is gone (same host and its process is dead, the same SLURM job
@@ -35,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from esgrpo.io import read_json, write_json
+from esgrpo.io import atomic_directory, read_json, write_json
 
 __all__ = ["LOCK_NAME", "ProgressFolder", "ProgressFolderLocked", "WriterLock", "fingerprint"]
 
@@ -61,14 +62,6 @@ def fingerprint(description: Mapping[str, Any], tensors: Mapping[str, Any] | Non
             # The raw bytes whatever the dtype (numpy has no bfloat16), one tensor at a time.
             digest.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
     return digest.hexdigest()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- the writer lock
@@ -313,14 +306,9 @@ class ProgressFolder:
         place whole, and the older checkpoints removed (only the newest is needed)."""
         final = self.path / f"{self.prefix}{step:08d}"
         if not final.exists():  # a resumed run re-reaching a saved step would write the same bytes
-            tmp = Path(tempfile.mkdtemp(dir=self.path, prefix=_TMP_PREFIX))
-            fill(tmp)
-            write_json(tmp / STATE_FILE, state)
-            for path in tmp.iterdir():
-                _fsync(path)
-            _fsync(tmp)
-            os.replace(tmp, final)
-            _fsync(self.path)
+            with atomic_directory(final, prefix=_TMP_PREFIX) as tmp:  # debris under this prefix is cleared
+                fill(tmp)
+                write_json(tmp / STATE_FILE, state)
         for older, path in self.checkpoints():
             if older < step:
                 shutil.rmtree(path, ignore_errors=True)

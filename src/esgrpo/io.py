@@ -1,4 +1,9 @@
-"""Atomic file writes and JSON-lines helpers: nothing half-written survives a kill."""
+"""Atomic file writes and JSON-lines helpers: nothing half-written survives a kill.
+
+A file or a folder is written under a temporary name beside its target, synced to disk, renamed over
+the target, and the parent folder synced: after a kill or a power loss the target is the old one or
+the new one, whole (the rename alone orders nothing: without the syncs it may land before the data).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
+        fsync(path.parent)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -37,18 +43,35 @@ def _umask() -> int:
     return umask
 
 
+def fsync(path: str | os.PathLike) -> None:
+    """Sync one file or folder (its entries: a rename into it) to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 @contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary folder beside `path`; on success it replaces `path` whole, else it is removed."""
+def atomic_directory(path: str | os.PathLike, prefix: str | None = None) -> Iterator[Path]:
+    """Yield a temporary folder beside `path` (its name starts with `prefix`, default ".<name>."); on
+    success every file and folder in it is synced, it replaces `path` whole and the parent is synced;
+    on an exception it is removed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}." if prefix is None else prefix))
     tmp.chmod(0o777 & ~_umask())  # mkdtemp makes 0700; a checkpoint is a shared output
     try:
         yield tmp
+        for folder, _, files in os.walk(tmp, topdown=False):
+            for name in files:
+                if not os.path.islink(os.path.join(folder, name)):
+                    fsync(os.path.join(folder, name))
+            fsync(folder)
         if path.exists():
             shutil.rmtree(path)
         os.replace(tmp, path)
+        fsync(path.parent)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)

@@ -13,6 +13,13 @@ standard-normal draw [m + n, r] from the same (member seed, name) generator. Eac
 mean 0 and variance 1 (a sum of r products of independent unit normals, over sqrt(r)), so
 E ||eps||_F^2 = m n as for full-rank noise and the norm theory alpha sqrt(T d / N) carries over.
 Tensors of any other dimension (norm weights, biases) keep full-rank noise.
+
+Seeding (`Noise.seeding`, `SEEDINGS`): "per_tensor" is the project's, above. The papers' two, to measure
+what their arithmetic does (`esgrpo.es.arithmetic`): "paper_a" (Bhoy1/ESvsGRPO 43eed8c,
+src/es_vs_grpo/train/es_worker.py, `perturb_self_weights`) seeds one generator with the member seed alone for
+every tensor and draws in the weights' dtype (`Noise.dtype`), so same-shaped tensors get identical noise;
+"paper_b" (yunpengba7/understanding-es 240d878, src/es_reproduction/worker.py, `_apply_seeded_noise`) seeds
+with ``member seed XOR blake2b-8(name)`` (64 bits) and draws fp32.
 """
 
 from __future__ import annotations
@@ -25,10 +32,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["FULL", "MASK63", "Noise", "Population", "lowrank_factors", "mix_seeds", "stable_name_hash",
-           "tensor_noise"]
+__all__ = ["FULL", "MASK63", "SEEDINGS", "Noise", "Population", "lowrank_factors", "mix_seeds", "stable_name_hash",
+           "tensor_noise", "tensor_seed"]
 
 MASK63 = (1 << 63) - 1
+MASK64 = (1 << 64) - 1
+SEEDINGS = ("per_tensor", "paper_a", "paper_b")  # esgrpo.es.settings.ESConfig.noise_seeding
 
 
 def stable_name_hash(name: str) -> int:
@@ -42,9 +51,22 @@ def mix_seeds(*values: int) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") & MASK63
 
 
-def _generator(member_seed: int, name: str, device: torch.device | str) -> torch.Generator:
+def tensor_seed(seed: int, name: str) -> int:
+    """The seed of one tensor's draw under `seed`: every random draw made tensor by tensor (ES noise, the
+    analyses' random directions and samples) seeds its generator with it, so a tensor's values depend on
+    neither the other tensors nor their order, and same-shaped tensors get independent draws."""
+    return mix_seeds(int(seed), stable_name_hash(name))
+
+
+def _generator(member_seed: int, name: str, device: torch.device | str,
+               seeding: str = "per_tensor") -> torch.Generator:
     gen = torch.Generator(device=device)
-    gen.manual_seed(mix_seeds(int(member_seed), stable_name_hash(name)))
+    if seeding == "per_tensor":
+        gen.manual_seed(tensor_seed(member_seed, name))
+    elif seeding == "paper_a":  # the member seed alone, whatever the tensor
+        gen.manual_seed(int(member_seed))
+    else:  # paper_b: seed XOR the name's 64-bit blake2b, kept to 64 bits
+        gen.manual_seed((int(member_seed) ^ stable_name_hash(name)) & MASK64)
     return gen
 
 
@@ -74,16 +96,33 @@ def lowrank_factors(member_seed: int, name: str, shape: Sequence[int], rank: int
 
 @dataclass(frozen=True)
 class Noise:
-    """Which noise the members get: "full" (every tensor) or "lowrank" of rank `rank` (2-D tensors)."""
+    """Which noise the members get: "full" (every tensor) or "lowrank" of rank `rank` (2-D tensors), seeded
+    as `seeding` says (`SEEDINGS`; the papers' seedings are full-rank only). `dtype`: what "paper_a" draws
+    in, the weights' dtype (the other seedings draw fp32)."""
 
     kind: str = "full"
     rank: int = 1
+    seeding: str = "per_tensor"
+    dtype: torch.dtype = torch.float32
 
     def __post_init__(self) -> None:
         if self.kind not in ("full", "lowrank"):  # esgrpo.es.settings.NOISE_KINDS
             raise ValueError(f"noise must be 'full' or 'lowrank', got {self.kind!r}")
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 1:
             raise ValueError(f"noise rank must be an integer >= 1, got {self.rank!r}")
+        if self.seeding not in SEEDINGS:
+            raise ValueError(f"noise seeding must be one of {SEEDINGS}, got {self.seeding!r}")
+        if self.seeding != "per_tensor" and self.kind != "full":
+            raise ValueError(f"noise seeding {self.seeding!r} is full-rank only (the papers' code has no low rank)")
+
+    def draw(self, member_seed: int, name: str, shape: Sequence[int], device: torch.device | str = "cpu") -> Tensor:
+        """One member's full-rank standard-normal draw for one tensor, in the dtype it is drawn in (fp32, or
+        `dtype` for "paper_a")."""
+        if self.seeding == "per_tensor":
+            return tensor_noise(member_seed, name, shape, device)
+        dtype = self.dtype if self.seeding == "paper_a" else torch.float32
+        return torch.randn(tuple(shape), generator=_generator(member_seed, name, device, self.seeding), dtype=dtype,
+                           device=device)
 
     def lowrank(self, shape: Sequence[int]) -> bool:
         """Whether a tensor of `shape` gets low-rank noise."""
@@ -96,6 +135,9 @@ class Noise:
             a, b = lowrank_factors(member_seed, name, shape, self.rank, device)
             value = (a @ b.T).div_(math.sqrt(self.rank))
             return value if out is None else out.copy_(value)
+        if self.seeding != "per_tensor":  # a bf16 draw is exact in fp32
+            value = self.draw(member_seed, name, shape, device)
+            return value.float() if out is None else out.copy_(value)
         return tensor_noise(member_seed, name, shape, device, out)
 
     @torch.no_grad()
@@ -114,7 +156,7 @@ class Noise:
             return (a @ b.T).div_(math.sqrt(self.rank))
         total = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
         for s, c in seeds:
-            total.add_(tensor_noise(s, name, shape, device), alpha=c)
+            total.add_(self.dense(s, name, shape, device), alpha=c)
         return total
 
 
@@ -129,6 +171,10 @@ class Population(Mapping):
     in its own layout from `theta`, `member` and `factors` instead, without the N x d stack. Every
     member value comes from the clean theta (restoring is exact by construction). theta is only read.
     """
+
+    # Every member is theta + sign * sigma * eps from the clean theta (an engine may build it so itself);
+    # esgrpo.es.arithmetic.InPlacePopulation's members are not.
+    exact = True
 
     def __init__(self, theta: Mapping[str, Tensor], seeds_signs: Sequence[tuple[int, float]], sigma: float,
                  noise: Noise = FULL, dtypes: Mapping[str, torch.dtype] | None = None):

@@ -9,6 +9,8 @@ people read the same thing:
 | `es-n16-norm_rank-s0`      | ... with rank normalisation (`norm_none`: raw fitness)       |
 | `es-n16-anti-s0`           | ... with antithetic (two-point) members                     |
 | `es-n16-r4-s0`             | ... with low-rank noise of rank 4 (`ESConfig.noise`)          |
+| `es-n16-arith_paper_a-s0`  | ... with paper A's (or B's) seeding and in-place arithmetic  |
+|                            | (`ARITHMETIC_VARIANTS`), on the weights in bf16              |
 | `grpo-g8-s0`               | GRPO, group size 8, seed 0                                   |
 | `es-then-grpo-s0`          | GRPO started from `es-n{main}-s0` of the same task           |
 | `grpo-then-es-s0`          | ES started from `grpo-g{main}-s0` of the same task           |
@@ -38,7 +40,12 @@ from dataclasses import dataclass, field
 
 # The grammar of a run name: the one place that parses or formats one (the table above).
 ES_RE = re.compile(r"es-n(?P<n>\d+)(?:-r(?P<rank>\d+))?(?:-norm_(?P<norm>rank|none|zscore))?(?P<anti>-anti)?"
-                   r"-s(?P<seed>\d+)")
+                   r"(?:-arith_(?P<arith>paper_a|paper_b))?-s(?P<seed>\d+)")
+# es.ablations.arithmetic: a variant -> its ESConfig settings, each paper's seeding with its own arithmetic
+# (esgrpo.es.arithmetic). Such a run holds its weights in bf16 (a bf16 copy of an fp32 model: what the papers'
+# arithmetic rounds to) and runs on one engine (`arithmetic_run`).
+ARITHMETIC_VARIANTS = {"paper_a": {"noise_seeding": "paper_a", "arithmetic": "inplace_sequential"},
+                       "paper_b": {"noise_seeding": "paper_b", "arithmetic": "inplace_summed"}}
 GRPO_RE = re.compile(r"grpo-g(?P<g>\d+)-s(?P<seed>\d+)")
 SEQ_RE = re.compile(r"(?P<first>es|grpo)-then-(?P<second>es|grpo)-s(?P<seed>\d+)")
 CL_RE = re.compile(r"cl_(?P<method>es|grpo)-s(?P<seed>\d+)-k(?P<stage>\d+)")
@@ -66,6 +73,7 @@ class RunName:
     normalization: str | None = None  # es, snapshot ("zscore" unless the name says otherwise)
     antithetic: bool | None = None  # es, snapshot
     rank: int | None = None  # es: the rank of low-rank noise; None: full-rank noise
+    arithmetic: str | None = None  # es: a key of ARITHMETIC_VARIANTS; None: the exact arithmetic
     group: int | None = None  # grpo
     iterations: int | None = None  # snapshot: its parent's iterations when it was exported
     first: str | None = None  # sequential: the method of the run it starts from
@@ -82,7 +90,7 @@ def parse_run_name(run: str) -> RunName:
     if m := ES_RE.fullmatch(run):
         return RunName("es", "es", int(m["seed"]), _without_seed(run, m), population=int(m["n"]),
                        normalization=m["norm"] or "zscore", antithetic=bool(m["anti"]),
-                       rank=int(m["rank"]) if m["rank"] else None)
+                       rank=int(m["rank"]) if m["rank"] else None, arithmetic=m["arith"])
     if m := SNAPSHOT_RE.fullmatch(run):  # exported by the main run: z-scored, one-sided
         return RunName("snapshot", "es", int(m["seed"]), _without_seed(run, m), population=int(m["n"]),
                        normalization="zscore", antithetic=False, iterations=int(m["it"]))
@@ -93,7 +101,7 @@ def parse_run_name(run: str) -> RunName:
     if m := CL_RE.fullmatch(run):
         return RunName("continual", m["method"], int(m["seed"]), _without_seed(run, m), stage=int(m["stage"]))
     raise ValueError(f"run {run!r} is not a run name; expected one of: es-n16-s0, es-n16-norm_rank-s0, "
-                     f"es-n16-anti-s0, es-n16-r4-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2, "
+                     f"es-n16-anti-s0, es-n16-r4-s0, es-n16-arith_paper_a-s0, grpo-g8-s0, es-then-grpo-s0, grpo-then-es-s0, cl_es-s0-k2, "
                      f"es-n16-it10-s0")
 
 
@@ -107,11 +115,13 @@ def pair_seed(name: str) -> int | None:
 
 
 def es_name(n: int, seed: int, normalization: str = "zscore", antithetic: bool = False,
-            rank: int | None = None) -> str:
-    """rank: low-rank noise of that rank; None: full-rank noise."""
+            rank: int | None = None, arithmetic: str | None = None) -> str:
+    """rank: low-rank noise of that rank; None: full-rank noise. arithmetic: a key of ARITHMETIC_VARIANTS;
+    None: the exact arithmetic."""
     norm = "" if normalization == "zscore" else f"-norm_{normalization}"
     low = "" if rank is None else f"-r{int(rank)}"
-    return f"es-n{n}{low}{norm}{'-anti' if antithetic else ''}-s{seed}"
+    arith = "" if arithmetic is None else f"-arith_{arithmetic}"
+    return f"es-n{n}{low}{norm}{'-anti' if antithetic else ''}{arith}-s{seed}"
 
 
 def snapshot_name(n: int, iteration: int, seed: int) -> str:
@@ -217,9 +227,14 @@ def run_spec(config: dict, model: str, task: str, run: str) -> RunSpec:
         # Only the main run exports snapshots; other runs' settings (Snakemake params) carry no key
         snapshots = es_snapshots(config) if run == main_es_name(config, seed) else []
         settings = _es_settings(config, model, task, seed, population_size=n, normalization=norm, antithetic=anti,
-                                **_noise_settings(config, name.rank), **({"snapshots": snapshots} if snapshots else {}))
+                                **_noise_settings(config, name.rank), **({"snapshots": snapshots} if snapshots else {}),
+                                **ARITHMETIC_VARIANTS.get(name.arithmetic, {}))
         labels = {"population": n, "normalization": norm, "antithetic": anti}
-        return RunSpec("es", settings, seed, labels=labels if name.rank is None else {**labels, "rank": name.rank})
+        if name.rank is not None:
+            labels["rank"] = name.rank
+        if name.arithmetic is not None:
+            labels["arithmetic"] = name.arithmetic
+        return RunSpec("es", settings, seed, labels=labels)
     if name.family == "snapshot":
         n, it = name.population, name.iterations
         parent = es_name(n, seed, rank=config_rank(config))
@@ -303,6 +318,8 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
             if ablation.get("antithetic"):
                 runs += [(task, es_name(es["population_sizes"][0], s, antithetic=True, rank=config_rank(config)))
                          for s in seeds]
+            runs += [(task, es_name(es["population_sizes"][0], s, arithmetic=a))
+                     for a in ablation.get("arithmetic", []) for s in seeds]
     if es:
         runs += [(task, snapshot_name(es["population_sizes"][0], k, s)) for task in tasks
                  for k in es_snapshots(config) for s in es["seeds"]]

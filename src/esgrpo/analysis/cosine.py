@@ -12,9 +12,9 @@ from collections.abc import Callable, Hashable
 import pandas as pd
 import torch
 
-from esgrpo.analysis.drift import StateDict, layer_index, module_type
+from esgrpo.analysis.drift import StateDict, l2, layer_index, module_type
 
-__all__ = ["cosine", "cosine_by", "cosine_by_layer", "cosine_by_module_type"]
+__all__ = ["cosine", "cosine_by", "cosine_by_layer", "cosine_by_module_type", "cosine_rows"]
 
 
 def _common_names(d1: StateDict, d2: StateDict) -> list[str]:
@@ -80,3 +80,20 @@ def cosine_by_layer(d1: StateDict, d2: StateDict) -> pd.DataFrame:
 def cosine_by_module_type(d1: StateDict, d2: StateDict) -> pd.DataFrame:
     """Cosine per module type (embedding, attention, mlp, norm, lm_head, other), sorted by name."""
     return cosine_by(d1, d2, module_type, "module_type").sort_values("module_type").reset_index(drop=True)
+
+
+def _key(value) -> str:
+    return "none" if value is None or pd.isna(value) else str(value)
+
+
+def cosine_rows(d_a: StateDict, d_b: StateDict, pair: str) -> list[dict]:
+    """Rows scope/key/cosine/pair/norm_a/norm_b/numel: global, per layer, per module type."""
+    na, nb = l2(d_a), l2(d_b)
+    rows = [{"scope": "global", "key": "all", "cosine": cosine(d_a, d_b), "pair": pair, "norm_a": na, "norm_b": nb,
+             "numel": sum(t.numel() for t in d_a.values())}]
+    for scope, table, column in (("layer", cosine_by_layer(d_a, d_b), "layer"),
+                                 ("module_type", cosine_by_module_type(d_a, d_b), "module_type")):
+        for r in table.to_dict("records"):
+            rows.append({"scope": scope, "key": _key(r[column]), "cosine": r["cosine"], "pair": pair,
+                         "norm_a": r["norm_a"], "norm_b": r["norm_b"], "numel": r["numel"]})
+    return rows

@@ -1,7 +1,8 @@
 """Parameter drift between a trained checkpoint and its base: L2, relative L2, per module.
 
-All reductions run tensor by tensor in float64 on CPU, so a multi-billion-parameter model
-never needs a float64 copy of itself and sums of ~1e9 squares keep their precision.
+All reductions run tensor by tensor in float64 (`esgrpo.distance`, the trainers' own distances), so a
+multi-billion-parameter model never needs a float64 copy of itself and sums of ~1e9 squares keep their
+precision.
 
 Tied embeddings: models such as Qwen2.5-1.5B or Llama-3.2-3B tie ``lm_head.weight`` to
 ``model.embed_tokens.weight`` and their state dicts carry the matrix once, under the
@@ -17,6 +18,8 @@ from collections.abc import Iterator, Mapping
 
 import pandas as pd
 import torch
+
+from esgrpo.distance import squared_norm
 
 StateDict = Mapping[str, torch.Tensor]
 
@@ -78,16 +81,15 @@ def delta(theta: StateDict, theta0: StateDict, dtype: torch.dtype = torch.float6
 
 def l2(d: StateDict) -> float:
     """Global L2 norm over all tensors of a state dict (e.g. a delta)."""
-    return math.sqrt(sum(float(_f64(t).square().sum()) for t in d.values() if t.is_floating_point()))
+    return math.sqrt(sum(squared_norm(t) for t in d.values() if t.is_floating_point()))
 
 
 def relative_l2(theta: StateDict, theta0: StateDict) -> float:
     """Whole-model relative drift ``||theta - theta0|| / ||theta0||``."""
     num = den = 0.0
     for name in float_names(theta, theta0):
-        t0 = _f64(theta0[name])
-        num += float((_f64(theta[name]) - t0).square().sum())
-        den += float(t0.square().sum())
+        num += squared_norm(theta[name], theta0[name])
+        den += squared_norm(theta0[name])
     return math.sqrt(num) / math.sqrt(den) if den > 0 else math.nan
 
 
@@ -126,16 +128,14 @@ def drift_table(theta: StateDict, theta0: StateDict) -> pd.DataFrame:
     """
     rows = []
     for name in float_names(theta, theta0):
-        t0 = _f64(theta0[name])
-        d = _f64(theta[name]) - t0
-        dl2 = math.sqrt(float(d.square().sum()))
-        bl2 = math.sqrt(float(t0.square().sum()))
+        dl2 = math.sqrt(squared_norm(theta[name], theta0[name]))
+        bl2 = math.sqrt(squared_norm(theta0[name]))
         rows.append(
             {
                 "name": name,
                 "module_type": module_type(name),
                 "layer": layer_index(name),
-                "numel": int(d.numel()),
+                "numel": int(theta0[name].numel()),
                 "l2": dl2,
                 "l2_base": bl2,
                 "relative_l2": dl2 / bl2 if bl2 > 0 else math.nan,

@@ -7,9 +7,11 @@ over a completion gives a low-variance, unbiased estimate of the sequence-level 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 import torch
 
-__all__ = ["token_kl", "per_sequence_kl", "sequence_kl_stats"]
+__all__ = ["token_kl", "per_sequence_kl", "sequence_kl_stats", "continuation_logits", "kl_on_samples"]
 
 
 def token_kl(
@@ -84,3 +86,41 @@ def sequence_kl_stats(
         "n_sequences": int(s.numel()),
         "n_prompts": n_groups,
     }
+
+
+@torch.inference_mode()
+def continuation_logits(model, batch: list[tuple[list[int], list[int]]], pad_id: int):
+    """Raw logits [B, T, V] at the positions predicting each completion token, and the [B, T] mask."""
+    lengths = [len(p) + len(c) for p, c in batch]
+    width = max(lengths)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    for b, (p, c) in enumerate(batch):  # right padding: positions of real tokens are 0..len-1
+        ids[b, :lengths[b]] = torch.tensor(p + c)
+        attention[b, :lengths[b]] = 1
+    start = min(len(p) for p, _ in batch) - 1  # logits at t predict token t+1
+    stop = width - 1
+    device = next(model.parameters()).device
+    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits[:, start:stop]
+    pos = torch.arange(start, stop).unsqueeze(0)
+    first = torch.tensor([len(p) - 1 for p, _ in batch]).unsqueeze(1)
+    last = torch.tensor([len(p) + len(c) - 1 for p, c in batch]).unsqueeze(1)
+    mask = (pos >= first) & (pos < last)
+    return logits.float(), mask.to(logits.device)
+
+
+def kl_on_samples(model_p, model_q, samples: Sequence[Mapping], pad_id: int, batch_size: int = 16) -> dict:
+    """KL(p || q) per completion token on fixed continuations (teacher-forced, full vocabulary),
+    summarised by ``sequence_kl_stats`` (token, prompt and sequence means)."""
+    seqs = [(s["id"], list(s["prompt_ids"]), list(c)) for s in samples for c in s["completion_ids"]]
+    sums, counts, ids = [], [], []
+    for i in range(0, len(seqs), batch_size):
+        chunk = seqs[i:i + batch_size]
+        batch = [(p, c) for _, p, c in chunk]
+        lp, mask = continuation_logits(model_p, batch, pad_id)
+        lq, _ = continuation_logits(model_q, batch, pad_id)
+        s, n = per_sequence_kl(token_kl(lp, lq.to(lp.device), mask), mask)
+        sums.append(s.cpu())
+        counts.append(n.cpu())
+        ids += [sid for sid, _, _ in chunk]
+    return sequence_kl_stats(torch.cat(sums), torch.cat(counts), ids)

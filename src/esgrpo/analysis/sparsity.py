@@ -16,15 +16,16 @@ the small-model path; only peak memory differs.
 from __future__ import annotations
 
 import math
-import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from esgrpo.analysis.drift import MODULE_TYPES, StateDict, float_names, module_type
+from esgrpo.analysis.drift import MODULE_TYPES, StateDict, delta, float_names, module_type
+from esgrpo.noise import tensor_seed
 
-__all__ = ["top_fraction_mask", "sparsify", "reset_module_type", "n_kept"]
+__all__ = ["SparsityPoint", "top_fraction_mask", "sparsify", "reset_module_type", "n_kept", "sparsity_points"]
 
 DEFAULT_EXACT_LIMIT = 50_000_000
 DEFAULT_SAMPLE_SIZE = 2_000_000
@@ -46,7 +47,7 @@ def _sample_changed(
     out = []
     for name in names:
         m = math.ceil(size * numels[name] / total)
-        g = torch.Generator().manual_seed((seed ^ zlib.crc32(name.encode())) & 0x7FFF_FFFF_FFFF_FFFF)
+        g = torch.Generator().manual_seed(tensor_seed(seed, name))
         idx = torch.randint(numels[name], (m,), generator=g).numpy()
         v = absfn(name)[idx]
         out.append(v[v > 0])
@@ -198,3 +199,53 @@ def reset_module_type(
         raise ValueError(f"unknown module types {sorted(unknown)}; expected some of {MODULE_TYPES}")
     names = set(float_names(theta, theta0))
     return {n: (theta0[n] if n in names and module_type(n) in types else t) for n, t in theta.items()}
+
+
+def module_types_present(theta: StateDict, theta0: StateDict) -> list[str]:
+    """Module types with at least one changed coordinate, in MODULE_TYPES order."""
+    present = set()
+    for name in float_names(theta, theta0):
+        if not torch.equal(theta[name], theta0[name]):
+            present.add(module_type(name))
+    return [t for t in MODULE_TYPES if t in present]
+
+
+@dataclass(frozen=True)
+class SparsityPoint:
+    """One sparsified model: the top `keep_fraction` of the update kept ("top_fraction"), or one
+    module type's update removed ("reset_module"); `n_kept` of the `n_changed` changed coordinates."""
+
+    kind: str
+    keep_fraction: float
+    module_type: str
+    n_kept: int
+    n_changed: int
+
+    def fields(self) -> dict:
+        """The point's columns of the sparsity table."""
+        return {"kind": self.kind, "keep_fraction": self.keep_fraction, "module_type": self.module_type,
+                "n_kept": self.n_kept, "n_changed": self.n_changed}
+
+    def key(self) -> Hashable:
+        """Which model the point is: the run, the base, or its own (coinciding points are evaluated once)."""
+        if self.kind == "reset_module":
+            return ("reset", self.module_type)
+        return "theta" if self.n_kept == self.n_changed else ("theta0" if self.n_kept == 0 else ("top", self.keep_fraction))
+
+    def state(self, theta0: StateDict, theta: StateDict) -> dict[str, torch.Tensor]:
+        """The point's weights."""
+        if self.kind == "reset_module":
+            return reset_module_type(theta0, theta, self.module_type)
+        return sparsify(theta0, theta, self.keep_fraction)
+
+
+def sparsity_points(theta0: StateDict, theta: StateDict, fractions: Iterable[float],
+                    delta_dtype: torch.dtype = torch.float64) -> Iterator[SparsityPoint]:
+    """Every sparsified model of the run: the top fractions, then one module type's update reset each."""
+    d = delta(theta, theta0, dtype=delta_dtype)
+    changed = n_kept(top_fraction_mask(d, 1.0))
+    for fraction in fractions:
+        yield SparsityPoint("top_fraction", float(fraction), "", n_kept(top_fraction_mask(d, float(fraction))), changed)
+    for mtype in module_types_present(theta, theta0):
+        removed = sum(int((d[n] != 0).sum()) for n in d if module_type(n) == mtype)
+        yield SparsityPoint("reset_module", math.nan, mtype, changed - removed, changed)

@@ -140,7 +140,7 @@ class MemberValues:
         """
         picked = self.rows if members is None else [self.rows[m] for m in members]
         pop = self.population
-        if pop is not None and name in self.source and pop.dtypes.get(name, torch.float32) == torch.float32:
+        if pop is not None and pop.exact and name in self.source and pop.dtypes.get(name, torch.float32) == torch.float32:
             for i, row in enumerate(picked):  # antithetic partners (adjacent) share the seed's cached draw
                 seed, sign = pop.seeds_signs[row]
                 base, noise = pop.theta[name], pop._noise(seed, name, self._noise_buffer)

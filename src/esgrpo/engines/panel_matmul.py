@@ -9,6 +9,10 @@ matmul reads weights. The libraries torch ships read them at 7-9 GB/s at 8 rows 
 read bandwidth; this kernel reads 13.5-15.6 GB/s there at 8 rows (1.6-1.9x oneDNN), 86 vs 46 GFLOP/s at
 16 rows, 96 vs 80 at 320 (the prompt pass). `benchmarks/es_throughput.py` prints which kernel ran.
 
+Where the CPU has AVX-512 the kernel's tile is 8 rows instead of 4 (one pass over each panel at 8 rows,
+twice the rows per instruction); both tiles give the same floats, so `kernel_name()` names the kernel, not
+the tile, and `wide_tile()` says which runs (ESGRPO_PANEL_AVX512=0 keeps the 4-row AVX2 tile).
+
 Where it cannot run (no AVX2/FMA, no C compiler, ESGRPO_PANEL_KERNEL=0) `available()` is False, says
 why in `unavailable_reason()`, and the population engine keeps oneDNN's packed layout. The result is
 the same product summed in another order (fp32 rounding apart), fixed per output: it does not depend on
@@ -32,7 +36,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["PANEL", "Panels", "available", "kernel_name", "matmul", "pack", "panels_shape", "unavailable_reason"]
+__all__ = ["PANEL", "Panels", "available", "kernel_name", "matmul", "pack", "panels_shape", "set_wide_tile",
+           "unavailable_reason", "wide_tile"]
 
 PANEL = 24  # columns of a panel (NR in panel_matmul.c)
 SOURCE = Path(__file__).with_name("panel_matmul.c")
@@ -98,6 +103,9 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     lib.esgrpo_panel_matmul.restype = None
     lib.esgrpo_panel_pack.argtypes = [p, i, i, p, p, p]
     lib.esgrpo_panel_pack.restype = None
+    lib.esgrpo_panel_set_wide.argtypes = [i]
+    lib.esgrpo_panel_set_wide.restype = i
+    lib.esgrpo_panel_set_wide(int(os.environ.get("ESGRPO_PANEL_AVX512", "1") != "0"))
     return lib, ""
 
 
@@ -116,6 +124,19 @@ def kernel_name(device: torch.device | str = "cpu") -> str:
     if torch.device(device).type != "cpu":
         return f"torch.bmm on {torch.device(device).type}"
     return "panel (esgrpo.engines.panel_matmul)" if available() else f"oneDNN packed ({unavailable_reason()})"
+
+
+def wide_tile() -> bool:
+    """True where the kernel multiplies 8-row AVX-512 tiles, False for 4-row AVX2 ones (or no kernel)."""
+    lib = _library()[0]
+    return lib is not None and bool(lib.esgrpo_panel_set_wide(-1))
+
+
+def set_wide_tile(want: bool) -> bool:
+    """Ask for the 8-row AVX-512 tile (taken only where the CPU has AVX-512 F and VL) or the 4-row AVX2 one;
+    returns whether the wide tile now runs. Both give the same floats."""
+    lib = _library()[0]
+    return lib is not None and bool(lib.esgrpo_panel_set_wide(int(want)))
 
 
 def panels_shape(out: int, inp: int) -> tuple[int, int, int]:

@@ -21,10 +21,20 @@ import torch
 ENTROPY_EXACT = "exact"  # the full next-token distribution's entropy, per generated token
 
 
-def prompt_texts(tokenizer, rows: list[dict]) -> list[str]:
-    """The chat-formatted prompt of each row, ending with the assistant's turn marker."""
-    return [tokenizer.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-            for r in rows]
+def prompt_text(tokenizer: Any, row: dict) -> str:
+    """The text a row prompts with: a conversation (a list of messages) through the tokenizer's chat
+    template, ending with the assistant's turn marker; a plain string as it is. That is TRL's rule
+    (`trl.data_utils.maybe_apply_chat_template`: a "standard" prompt is not templated), so ES, GRPO
+    and every evaluation prompt a model with the same text."""
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        return prompt
+    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_texts(tokenizer: Any, rows: Sequence[dict]) -> list[str]:
+    """`prompt_text` of each row."""
+    return [prompt_text(tokenizer, row) for row in rows]
 
 
 @dataclass

@@ -50,6 +50,17 @@ class FitnessResult:
     rollouts: int | None = None
     entropy_estimator: str = ENTROPY_EXACT
 
+    @classmethod
+    def from_rewards(cls, rewards: np.ndarray, generated_tokens: int, entropy: float,
+                     entropy_estimator: str = ENTROPY_EXACT) -> FitnessResult:
+        """From the rewards [N, B] of N members on B prompts: a member's fitness is its mean reward, a
+        completion a success at reward >= 1 (every backend's rule, so their fitness is one function)."""
+        rewards = np.asarray(rewards, dtype=float)
+        if rewards.ndim != 2:
+            raise ValueError(f"rewards must be [members, prompts], got shape {rewards.shape}")
+        return cls(fitness=rewards.mean(axis=1), success=rewards >= 1.0, generated_tokens=int(generated_tokens),
+                   entropy=float(entropy), rollouts=int(rewards.size), entropy_estimator=entropy_estimator)
+
 
 @dataclass
 class BackendStart:

@@ -8,12 +8,15 @@ its own layout; indexed by name it gives stacked ``[N, *shape]`` members) or one
 (``population="sequential"``: d numbers in memory instead of N x d). After every evaluation and
 update the model's parameters are rewritten from theta (cast to their dtype), so a bf16 model
 keeps its small updates in the fp32 master; `master_from` reads theta0 from the checkpoint's own
-(e.g. fp32) tensors instead of the loaded model's (e.g. bf16) ones. `make_population_evaluator` is the evaluator the
+(e.g. fp32) tensors instead of the loaded model's (e.g. bf16) ones. Under the papers' in-place arithmetic
+(`ESConfig.arithmetic`, `esgrpo.es.arithmetic`) theta is instead a copy of the weights in the model's dtype,
+members and updates rounded to it, and theta0 is the weights as loaded (`master_from` unused). `make_population_evaluator` is the evaluator the
 workflow uses: population-batched generation, then the reward function.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -23,9 +26,11 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from esgrpo.engines.rollout import eos_token_ids
+from esgrpo.distance import distance
+from esgrpo.engines.rollout import eos_token_ids, prompt_texts
+from esgrpo.es.arithmetic import InPlacePopulation, apply_update_in_place
 from esgrpo.es.backend import THETA_FILE, BackendStart, ESBackend, FitnessResult
-from esgrpo.es.ops import apply_update, l2_norm, select_trainable
+from esgrpo.es.ops import apply_update, select_trainable
 from esgrpo.es.settings import ESConfig
 from esgrpo.noise import Population
 
@@ -107,10 +112,14 @@ class HFESBackend(ESBackend):
         params = dict(self.model.named_parameters())
         self.dtypes = {n: params[n].dtype for n in names}
         self.device = params[names[0]].device
-        self.theta0 = (theta_from_model(self.model, names) if self.master_from is None
-                       else theta_from_checkpoint(self.master_from, names, self.device))
+        self.arithmetic = cfg.arithmetic
+        if self.arithmetic != "exact":  # no master: the weights in their own dtype
+            self.theta0 = {n: params[n].detach().clone() for n in names}
+        else:
+            self.theta0 = (theta_from_model(self.model, names) if self.master_from is None
+                           else theta_from_checkpoint(self.master_from, names, self.device))
         self.theta = {k: v.clone() for k, v in self.theta0.items()}
-        self.noise = cfg.noise_spec
+        self.noise = _noise_of(cfg, self.dtypes)
         load_theta_into_model(self.model, self.theta)
         return BackendStart(parameters=sum(t.numel() for t in self.theta0.values()), tensors=len(names),
                             identity={"names": names, "population": self.population}, start_weights=self.theta0)
@@ -122,21 +131,29 @@ class HFESBackend(ESBackend):
         torch.manual_seed(rollout_seed)
         generator = torch.Generator(device=self.device)
         generator.manual_seed(rollout_seed)
-        members = Population(self.theta, seeds_signs, cfg.sigma, cfg.noise_spec, self.dtypes)
+        if self.arithmetic != "exact":
+            members = InPlacePopulation(self.theta, seeds_signs, cfg.sigma, self.noise)
+        else:
+            members = Population(self.theta, seeds_signs, cfg.sigma, self.noise, self.dtypes)
         pop: Members = members if self.population == "stacked" else members.members()
         result = self.evaluate_population(pop, batch, cfg, generator=generator)
         del pop
+        if self.arithmetic != "exact":  # the weights after the last member's (inexact) restore
+            self.theta = members.finish()
         # Restore exactly: a sequential evaluator may have loaded members into the model.
         load_theta_into_model(self.model, self.theta)
         return result
 
     def apply_update(self, seeds_signs: Sequence[tuple[int, float]], weights: np.ndarray, alpha: float) -> float:
-        norm = apply_update(self.theta, seeds_signs, weights, alpha, self.noise)
+        if self.arithmetic != "exact":
+            norm = apply_update_in_place(self.theta, seeds_signs, weights, alpha, self.noise, self.arithmetic)
+        else:
+            norm = apply_update(self.theta, seeds_signs, weights, alpha, self.noise)
         load_theta_into_model(self.model, self.theta)
         return norm
 
     def distance_from_init(self) -> float:
-        return l2_norm(self.theta[k] - self.theta0[k] for k in self.theta)
+        return distance(self.theta, self.theta0)
 
     def save_state(self, folder: Path) -> None:
         from safetensors.torch import save_file
@@ -169,14 +186,18 @@ class HFESBackend(ESBackend):
                 self.model.save_pretrained(tmp)
 
 
+def _noise_of(cfg: ESConfig, dtypes: Mapping[str, torch.dtype]):
+    """The run's `esgrpo.noise.Noise`; paper A's seeding draws in the weights' dtype, which must be one."""
+    noise = cfg.noise_spec
+    if noise.seeding != "paper_a":
+        return noise
+    if len(set(dtypes.values())) != 1:
+        raise ValueError(f"ESConfig.noise_seeding 'paper_a' draws in the weights' dtype, and the trainable tensors "
+                         f"have several: {sorted(str(d) for d in set(dtypes.values()))}")
+    return dataclasses.replace(noise, dtype=next(iter(dtypes.values())))
+
+
 # --------------------------------------------------------------------------- the population evaluator
-
-
-def _prompt_text(tokenizer: Any, row: Row) -> str:
-    prompt = row["prompt"]
-    if isinstance(prompt, str):
-        return prompt
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
 def make_population_evaluator(model: torch.nn.Module, tokenizer: Any, verifier: Callable[[str, Row], float],
@@ -206,7 +227,7 @@ def make_population_evaluator(model: torch.nn.Module, tokenizer: Any, verifier: 
             buffers = kept.setdefault("buffers", MemberBuffers())
             gen_fn = functools.partial(population_generate, buffers=buffers)
         scorer = _Scorer(model, tokenizer, verifier, gen_fn, cfg, generator)
-        texts = [_prompt_text(tokenizer, row) for row in prompt_rows]
+        texts = prompt_texts(tokenizer, prompt_rows)
         chunk = prompt_chunk or len(texts)
         members = [population] if isinstance(population, Mapping) else (
             {name: value.unsqueeze(0) for name, value in member.items()} for member in population)
@@ -220,11 +241,9 @@ def make_population_evaluator(model: torch.nn.Module, tokenizer: Any, verifier: 
                     for start in range(0, len(texts), chunk)], axis=1))
         finally:
             tokenizer.padding_side = side
-        rewards = np.concatenate(per_member_group, axis=0)  # [N, B]
-        return FitnessResult(
-            fitness=rewards.mean(axis=1), success=rewards >= 1.0, generated_tokens=scorer.tokens,
-            entropy=scorer.entropy_sum / scorer.entropy_count if scorer.entropy_count else math.nan,
-            rollouts=int(rewards.size))
+        return FitnessResult.from_rewards(
+            np.concatenate(per_member_group, axis=0), scorer.tokens,
+            scorer.entropy_sum / scorer.entropy_count if scorer.entropy_count else math.nan)
 
     return evaluate
 

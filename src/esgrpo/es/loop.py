@@ -8,7 +8,7 @@ Per iteration t (the maths is `esgrpo.es.ops`; the weights live in an `esgrpo.es
 3. if every member scored the same, skip the update (z-scoring would divide by ~0) and log it;
    else normalise the fitness into weights and the backend applies
    ``theta += alpha / N * sum_n w_n sign_n eps_n``, accumulated in fp32, once;
-4. append the metrics row to `metrics.jsonl` (and the live curves, `esgrpo.live`); export snapshots
+4. append the metrics row (`esgrpo.run_record.StepRow`) to `metrics.jsonl` (and the live curves, `esgrpo.live`); export snapshots
    (`ESConfig.snapshots`); checkpoint theta every `checkpoint_every` iterations.
 
 Only seeds drive the randomness: every draw of iteration t comes from (seed, t), so a run killed
@@ -46,6 +46,7 @@ from esgrpo.es.settings import ESConfig
 from esgrpo.io import append_jsonl, read_json, write_json, write_jsonl
 from esgrpo.live import Eta, LiveLog, LiveSettings
 from esgrpo.metrics import population_js_diversity
+from esgrpo.run_record import RunSummary, StepRow
 
 __all__ = ["SNAPSHOT_DIR", "run_record", "snapshot_dir", "snapshot_record", "train_es"]
 
@@ -150,13 +151,14 @@ def _resume_or_start(progress: ProgressFolder, backend: ESBackend, cfg: ESConfig
 
 
 def train_es(backend: ESBackend, rows: Sequence[Row], cfg: ESConfig, out_dir: str | os.PathLike,
-             progress_dir: str | os.PathLike, log: Log = print, live: LiveSettings | None = None) -> dict[str, Any]:
-    """Run ES on `backend`'s weights and write `out_dir`/{model/, metrics.jsonl, summary.json}.
+             progress_dir: str | os.PathLike, log: Log = print, live: LiveSettings | None = None) -> RunSummary:
+    """Run ES on `backend`'s weights and write `out_dir`/{model/, metrics.jsonl}; returns the run's summary
+    (the training stage writes it).
 
     Checkpoints go to `progress_dir` every `cfg.checkpoint_every` iterations; a checkpoint of the
     same run (settings, rows, start weights) is resumed, anything else is cleared. The folder takes
     one writer at a time (`esgrpo.checkpoint.WriterLock`). `live`: where the live curves go
-    (`esgrpo.live`; None: nowhere). Returns the summary.
+    (`esgrpo.live`; None: nowhere).
     """
     if not rows:
         raise ValueError("no training rows")
@@ -209,25 +211,15 @@ def _iteration(backend: ESBackend, rows: list[Row], cfg: ESConfig, t: int, total
     totals["rollouts"] += int(result.rollouts if result.rollouts is not None else n * len(batch))
     totals["generated_tokens"] += int(result.generated_tokens)
     totals["seconds"] += time.perf_counter() - began
-    return {
-        "method": "es",
-        "iteration": t + 1,  # iterations done: distance_from_init ~ alpha*sqrt(updates*d/N)
-        "fitness_mean": float(fitness.mean()),
-        "fitness_std": float(fitness.std(ddof=0)),
-        "fitness_max": float(fitness.max()),
-        "fitness_min": float(fitness.min()),
-        "update_norm": update_norm,
-        "distance_from_init": backend.distance_from_init(),
-        "updates": totals["updates"],
-        "rollouts": totals["rollouts"],
-        "generated_tokens": totals["generated_tokens"],
-        "seconds": totals["seconds"],
-        "entropy": float(result.entropy),
-        "entropy_estimator": result.entropy_estimator,  # exact, or the vLLM backend's estimate / bound
-        "js_diversity": js_diversity,
-        "skipped": skipped,
-        "prompts": len(batch),
-    }
+    return StepRow(
+        method="es", iteration=t + 1,  # iterations done: distance_from_init ~ alpha*sqrt(updates*d/N)
+        fitness_mean=float(fitness.mean()), fitness_std=float(fitness.std(ddof=0)),
+        update_norm=update_norm, distance_from_init=backend.distance_from_init(), updates=totals["updates"],
+        rollouts=totals["rollouts"], generated_tokens=totals["generated_tokens"], seconds=totals["seconds"],
+        entropy=float(result.entropy), prompts=len(batch),
+        extra={"fitness_max": float(fitness.max()), "fitness_min": float(fitness.min()),
+               "entropy_estimator": result.entropy_estimator,  # exact, or the vLLM backend's estimate / bound
+               "js_diversity": js_diversity, "skipped": skipped}).to_dict()
 
 
 def _js_diversity(backend: ESBackend, seeds_signs: list[tuple[int, float]], batch: list[Row], cfg: ESConfig,
@@ -272,21 +264,14 @@ def _after_iteration(backend: ESBackend, progress: ProgressFolder, cfg: ESConfig
             + (" SKIPPED (all equal)" if row["skipped"] else ""))
 
 
-def _finish(backend: ESBackend, cfg: ESConfig, run: _Run, out_dir: Path) -> dict[str, Any]:
-    """The final model (theta cast to the model's dtype, in HF layout), every metrics row, the summary."""
+def _finish(backend: ESBackend, cfg: ESConfig, run: _Run, out_dir: Path) -> RunSummary:
+    """The final model (theta cast to the model's dtype, in HF layout) and every metrics row; the summary."""
     backend.export(out_dir / "model")
     write_jsonl(out_dir / "metrics.jsonl", run.metrics)
-    summary = {
-        "method": "es",
-        "backend": backend.name,
-        "iterations": cfg.iterations,
-        **run_record(cfg, run.totals, run.start.parameters, backend.distance_from_init()),
-        "trainable_tensors": run.start.tensors,
-        **backend.summary(),
-        "final_fitness_mean": run.metrics[-1]["fitness_mean"] if run.metrics else math.nan,
-        "best_fitness_mean": max((r["fitness_mean"] for r in run.metrics), default=math.nan),
-        "resumed_from": run.resumed_from,
-        "config": cfg.to_dict(),
-    }
-    write_json(out_dir / "summary.json", summary)
-    return summary
+    record = run_record(cfg, run.totals, run.start.parameters, backend.distance_from_init())
+    shared = {k: record.pop(k) for k in ("updates", "trainable_parameters", "distance_from_init", "rollouts",
+                                          "generated_tokens", "seconds")}
+    return RunSummary(method="es", iterations=cfg.iterations, **shared, **RunSummary.fitness(run.metrics),
+                      resumed_from=run.resumed_from, settings=cfg.to_dict(),
+                      extra={"backend": backend.name, **record, "trainable_tensors": run.start.tensors,
+                             **backend.summary()})

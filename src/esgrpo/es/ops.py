@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from esgrpo.es.settings import NORM_CHUNK_ELEMENTS
+from esgrpo.distance import squared_norm
 from esgrpo.noise import FULL, MASK63, Noise, Population, mix_seeds
 
 if TYPE_CHECKING:
@@ -39,7 +39,6 @@ __all__ = [
     "apply_update",
     "iter_population",
     "js_rollout_seed",
-    "l2_norm",
     "member_seeds",
     "member_weights",
     "normalize_fitness",
@@ -48,7 +47,6 @@ __all__ = [
     "prompt_batch",
     "rollout_seed",
     "select_trainable",
-    "squared_norm",
     "StepOf",
     "update_coefficients",
 ]
@@ -240,7 +238,7 @@ def apply_update(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSi
     (low rank: one matmul of the stacked weighted factors per tensor, `esgrpo.noise.Noise.weighted_sum`)
     and applied once, so small updates are not rounded away. Beside theta it holds one tensor's fp32
     step and one noise draw (`step_of`'s own temporaries included), then the norm's float64 chunk
-    (`squared_norm`): what `esgrpo.plan.memory.es_update_bytes` counts.
+    (`esgrpo.distance.squared_norm`): what `esgrpo.plan.memory.es_update_bytes` counts.
     """
     coefficients = update_coefficients(seeds_signs, weights)
     scale = float(alpha) / len(seeds_signs)
@@ -252,30 +250,3 @@ def apply_update(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSi
         value.add_(step)
         squares += squared_norm(step)
     return math.sqrt(squares)
-
-
-@torch.no_grad()
-def squared_norm(tensor: torch.Tensor, minus: torch.Tensor | None = None,
-                 chunk: int = NORM_CHUNK_ELEMENTS) -> float:
-    """``sum((tensor - minus)^2)`` in float64, `chunk` elements at a time (`minus` None: of `tensor`).
-
-    Each chunk is cast to float64 (and `minus`'s chunk moved to `tensor`'s device and cast, then
-    subtracted there), squared and summed, so the float64 copies never exceed one chunk: a whole
-    tensor's would be 16-24 bytes per element beside the engine. A tensor of at most `chunk`
-    elements is one chunk, the same sum as over the whole tensor; a larger one is a sum of chunk
-    sums, which may differ from the whole-tensor sum in the last bits.
-    """
-    flat = tensor.reshape(-1)
-    other = None if minus is None else minus.reshape(-1)
-    total = 0.0
-    for start in range(0, flat.numel(), chunk):
-        part = flat[start:start + chunk].double()
-        if other is not None:
-            part = part - other[start:start + chunk].to(part.device).double()
-        total += float(part.pow(2).sum())
-    return total
-
-
-def l2_norm(tensors: Iterable[torch.Tensor]) -> float:
-    """The Euclidean norm of several tensors together, summed in float64 (`squared_norm`)."""
-    return math.sqrt(sum(squared_norm(t) for t in tensors))

@@ -13,17 +13,15 @@ from dataclasses import dataclass, field
 from esgrpo.settings import FieldCheck, SettingsDataclass
 from esgrpo.tasks.rewards import RULES, SCHEMES
 
-__all__ = ["ESConfig", "LOWRANK_ON_VLLM", "NOISE_KINDS", "NORMALIZATIONS", "NORM_CHUNK_ELEMENTS"]
+__all__ = ["ARITHMETICS", "ESConfig", "LOWRANK_ON_VLLM", "NOISE_KINDS", "NOISE_SEEDINGS", "NORMALIZATIONS"]
 
 NORMALIZATIONS = ("zscore", "rank", "none")
 NOISE_KINDS = ("full", "lowrank")  # esgrpo.noise.Noise.kind
+NOISE_SEEDINGS = ("per_tensor", "paper_a", "paper_b")  # esgrpo.noise.SEEDINGS
+# How the weights are perturbed, restored and updated (esgrpo.es.arithmetic): "exact" is the fp32 master
+# with an exact restore; the in-place ones have no master and work in the weights' dtype.
+ARITHMETICS = ("exact", "inplace_sequential", "inplace_summed")
 PROMPT_SCHEDULES = ("resample", "epochs")  # esgrpo.es.ops.prompt_batch
-# Elements of one tensor that the float64 norms of the update and of the distance from theta0 take at a
-# time (`esgrpo.es.ops.squared_norm`): a 4M-element chunk's float64 copy and square are 64 MiB, where a
-# whole Qwen3-4B embedding's (389M elements) were 5.8 GiB beside the engine. Here, not in `ops`, so that
-# the resource plan (`esgrpo.plan.memory.es_update_bytes`) reads it without importing torch. Every tensor
-# of the offline default model is smaller, so its norms are the whole-tensor sums they always were.
-NORM_CHUNK_ELEMENTS = 1 << 22
 # Why es.backend vllm refuses low-rank noise (vLLM 0.31, read in its source: vllm/lora/); checked by
 # esgrpo.config before any job and by the vLLM ES backend itself.
 LOWRANK_ON_VLLM = (
@@ -88,6 +86,21 @@ class ESConfig(SettingsDataclass):
                 "and the tensor name; 1-D tensors keep full-rank noise)."})
     rank: int = field(default=1, metadata={
         "help": "r of low-rank noise (noise: lowrank); ignored for full-rank noise."})
+    # The papers' arithmetic (docs: esgrpo.es.arithmetic; PAPERS.md calls it a trap), to measure what it makes
+    # of their geometry findings: the defaults are the exact arithmetic, and a run with them keeps its
+    # fingerprint (trajectory_settings leaves both keys out).
+    noise_seeding: str = field(default="per_tensor", metadata={
+        "help": f"How a member's noise is seeded, one of {NOISE_SEEDINGS}: per_tensor, from (member seed, tensor "
+                "name) mixed by a hash (independent tensors); paper_a, the member seed alone for every tensor, "
+                "drawn in the weights' dtype (same-shaped tensors get identical noise); paper_b, member seed XOR "
+                "blake2b-8(tensor name), drawn in fp32. Full-rank noise only."})
+    arithmetic: str = field(default="exact", metadata={
+        "help": f"How the weights are perturbed, restored and updated, one of {ARITHMETICS}: exact, an fp32 master "
+                "theta, members built from it and the update summed in fp32 and applied to it; inplace_sequential "
+                "(paper A's), no master, perturb and restore by adding and subtracting sign sigma eps in the "
+                "weights' dtype, the update N sequential adds of alpha / N * w_n sign_n eps_n; inplace_summed "
+                "(paper B's), the same perturb and restore, the update summed in fp32, cast to the weights' dtype "
+                "once and added. Full-rank noise only."})
     antithetic: bool = field(default=False, metadata={
         "help": "Mirrored sampling: members come in (+eps, -eps) pairs; needs an even population_size."})
     fitness_temperature: float = field(default=0.0, metadata={
@@ -140,7 +153,7 @@ class ESConfig(SettingsDataclass):
         """The members' noise, an `esgrpo.noise.Noise` (imported here: this module stays free of torch)."""
         from esgrpo.noise import Noise
 
-        return Noise(self.noise, self.rank if self.noise == "lowrank" else 1)
+        return Noise(self.noise, self.rank if self.noise == "lowrank" else 1, self.noise_seeding)
 
     def trajectory_settings(self) -> dict:
         """As `SettingsDataclass`'s, without the noise keys for full-rank noise: a full-rank run keeps the
@@ -148,6 +161,10 @@ class ESConfig(SettingsDataclass):
         settings = super().trajectory_settings()
         if self.noise == "full":
             settings.pop("noise"), settings.pop("rank")
+        if self.noise_seeding == "per_tensor":
+            settings.pop("noise_seeding")
+        if self.arithmetic == "exact":
+            settings.pop("arithmetic")
         if self.prompt_schedule == "resample":  # as before the schedules existed (prompt_seed is moot)
             settings.pop("prompt_schedule"), settings.pop("prompt_seed")
         return settings
@@ -170,6 +187,11 @@ class ESConfig(SettingsDataclass):
         check.boolean("antithetic")
         check.choice("noise", NOISE_KINDS)
         check.integer("rank", 1)
+        check.choice("noise_seeding", NOISE_SEEDINGS)
+        check.choice("arithmetic", ARITHMETICS)
+        if self.noise == "lowrank" and (self.noise_seeding != "per_tensor" or self.arithmetic != "exact"):
+            raise check.error("noise", "'lowrank' needs noise_seeding per_tensor and arithmetic exact (the papers' "
+                                       "seedings and arithmetic are full-rank)")
         check.choice("normalization", NORMALIZATIONS)
         check.boolean("unit_rms_weights")
         if self.antithetic and self.population_size % 2:

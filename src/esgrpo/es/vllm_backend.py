@@ -19,6 +19,12 @@ traps:
   second full copy of the model on the host;
 - exports are in HF layout (`unfuse_items`), loadable by transformers.
 
+The papers' arithmetic (`ESConfig.noise_seeding` / `arithmetic`, `esgrpo.es.arithmetic`) is a setting the
+backend passes to every worker (`es_arithmetic`): their seedings draw noise for vLLM's own (fused) tensor
+names and shapes, vocabulary padding included, as the papers' workers did; in-place arithmetic drops the
+master, perturbs and restores the live weights by adding and subtracting, and adds the update into them.
+It runs on one engine (the papers' cross-engine broadcast / resynchronisation is not reproduced).
+
 Pieces, top to bottom: `ESWorkerExtension` (mixed into each vLLM worker with
 ``LLM(..., worker_extension_cls=WORKER_EXTENSION)``) -> `VLLMESPool` (several engines, one per GPU,
 as Ray actors; or any local objects with the same methods) -> the HF checkpoint export ->
@@ -42,6 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from esgrpo.distance import distance
 from esgrpo.engines.vllm_engine import (
     NO_ENTROPY,
     entropy_estimator,
@@ -60,11 +67,13 @@ from esgrpo.engines.vllm_layout import (
     unfuse_items,
     vocab_rows,
 )
+from esgrpo.es.arithmetic import apply_update_in_place, perturbation
 from esgrpo.es.backend import BackendStart, ESBackend, FitnessResult
-from esgrpo.es.ops import apply_update, member_weights, select_trainable, squared_norm
+from esgrpo.es.ops import apply_update, member_weights, select_trainable
 from esgrpo.es.settings import LOWRANK_ON_VLLM, ESConfig
 from esgrpo.io import atomic_directory
 from esgrpo.models.tensor_files import DEFAULT_SHARD_BYTES, TensorFiles, local_model_dir, write_shards
+from esgrpo.noise import Noise
 
 Completion = tuple[str, int, float]  # a completion as it leaves an engine: (text, tokens, entropy sum)
 WORKER_EXTENSION = "esgrpo.es.vllm_backend.ESWorkerExtension"
@@ -185,6 +194,7 @@ class ESWorkerExtension:
         if master not in ("checkpoint", "weights"):
             raise ValueError(f"master must be 'checkpoint' or 'weights', got {master!r}")
         self._es_config_override = hf_config
+        self._es_noise, self._es_arith, self._es_perturbed = None, "exact", None  # until es_arithmetic
         self._es_unpack_cpu_linears()
         params = self._es_params()
         names = select_trainable(list(params), trainable)
@@ -198,19 +208,63 @@ class ESWorkerExtension:
         return {"tensors": len(names), "parameters": self.es_parameter_count(),
                 "fused": sorted(n for n in names if is_fused(n))}
 
+    # -- arithmetic (esgrpo.es.arithmetic); a worker never told otherwise runs the exact one
+    def es_arithmetic(self, seeding: str = "per_tensor", arithmetic: str = "exact") -> None:
+        """Set the noise seeding and weight arithmetic. In place: theta becomes the live weights (the fp32
+        master is dropped) and theta0, where kept, the live weights as they are now."""
+        params = self._es_params()
+        dtypes = {params[n].dtype for n in self._es_names}
+        if seeding == "paper_a" and len(dtypes) != 1:
+            raise ValueError(f"noise seeding 'paper_a' draws in the weights' dtype; these have several: {dtypes}")
+        self._es_noise = Noise("full", 1, seeding, next(iter(dtypes)))
+        self._es_arith = arithmetic
+        if arithmetic != "exact":
+            self._es_theta = {n: params[n].data for n in self._es_names}
+            if self._es_theta0 is not None:
+                self._es_theta0 = {n: t.detach().to("cpu", copy=True) for n, t in self._es_theta.items()}
+        self._es_perturbed = None
+
+    def _es_draw(self, seed: int, name: str, shape: Sequence[int], device: torch.device) -> torch.Tensor:
+        """One member's draw for a vLLM tensor: the project's seeding names its HF parts (`fused_noise`); the
+        papers' name the vLLM tensor itself."""
+        noise = getattr(self, "_es_noise", None)
+        if noise is None or noise.seeding == "per_tensor":
+            return fused_noise(int(seed), name, shape, self._es_hf_config(), device)
+        return noise.draw(int(seed), name, shape, device)
+
+    def _es_in_place(self) -> bool:
+        return getattr(self, "_es_arith", "exact") != "exact"
+
     @torch.no_grad()
     def es_perturb(self, seed: int, sigma: float, sign: float = 1.0) -> None:
-        """Weights <- theta + sign * sigma * eps(seed), computed in fp32 from the clean master."""
-        params, config = self._es_params(), self._es_hf_config()
+        """Weights <- theta + sign * sigma * eps(seed), computed in fp32 from the clean master (in place: the
+        step cast to the weights' dtype and added to them)."""
+        params = self._es_params()
+        if self._es_in_place():
+            if self._es_perturbed is not None:
+                raise RuntimeError("the weights are perturbed already: restore them first")
+            for name in self._es_names:
+                p = params[name].data
+                p.add_(perturbation(self._es_draw(seed, name, p.shape, p.device), sign, sigma, p.dtype))
+            self._es_perturbed = (int(seed), float(sigma), float(sign))
+            return
         for name in self._es_names:
             theta = self._es_theta[name]
-            noise = fused_noise(int(seed), name, theta.shape, config, theta.device)
+            noise = self._es_draw(seed, name, theta.shape, theta.device)
             params[name].data.copy_(member_weights(theta, noise, float(sign), float(sigma)))  # cast on write
 
     @torch.no_grad()
     def es_restore(self) -> None:
-        """Weights <- theta exactly (no subtraction of noise)."""
+        """Weights <- theta exactly (no subtraction of noise); in place: the last perturbation subtracted."""
         params = self._es_params()
+        if self._es_in_place():
+            if self._es_perturbed is not None:
+                seed, sigma, sign = self._es_perturbed
+                for name in self._es_names:
+                    p = params[name].data
+                    p.sub_(perturbation(self._es_draw(seed, name, p.shape, p.device), sign, sigma, p.dtype))
+                self._es_perturbed = None
+            return
         for name in self._es_names:
             params[name].data.copy_(self._es_theta[name])
 
@@ -218,18 +272,27 @@ class ESWorkerExtension:
     def es_apply_update(self, seeds_signs: Sequence[Sequence[float]], weights: Sequence[float],
                         alpha: float) -> float:
         """theta += alpha / N * sum_n w_n sign_n eps_n (fp32), then weights <- theta. Returns ||step||."""
-        config = self._es_hf_config()
-        norm = apply_update(self._es_theta, [(int(s), float(g)) for s, g in seeds_signs], weights, alpha,
-                            step_of=lambda coefficients, name, shape, device: fused_weighted_sum(
-                                coefficients, name, shape, config, device))
+        config, pairs = self._es_hf_config(), [(int(s), float(g)) for s, g in seeds_signs]
+        noise = getattr(self, "_es_noise", None)
+        if self._es_in_place():
+            if self._es_perturbed is not None:
+                raise RuntimeError("the update needs restored weights")
+            return apply_update_in_place(self._es_theta, pairs, weights, alpha, noise, self._es_arith,
+                                         draw_of=self._es_draw)
+        if noise is None or noise.seeding == "per_tensor":
+            def step_of(coefficients, name, shape, device):
+                return fused_weighted_sum(coefficients, name, shape, config, device)
+        else:  # the papers' seedings: vLLM's own tensors
+            step_of = noise.weighted_sum
+        norm = apply_update(self._es_theta, pairs, weights, alpha, step_of=step_of)
         self.es_restore()
         return norm
 
     def es_distance_from_init(self) -> float:
         if self._es_theta0 is None:
             raise RuntimeError("this engine keeps no theta0 (es_init(keep_theta0=False)); ask engine 0")
-        # theta0 lives on the host: `squared_norm` moves it to theta's device one float64 chunk at a time
-        return math.sqrt(sum(squared_norm(t, self._es_theta0[n]) for n, t in self._es_theta.items()))
+        # theta0 lives on the host: `esgrpo.distance` moves it to theta's device one float64 chunk at a time
+        return distance(self._es_theta, self._es_theta0)
 
     def es_parameter_count(self) -> int:
         """d of the norm theory: the checkpoint's trainable parameters (vLLM's vocabulary padding left out)."""
@@ -466,9 +529,7 @@ def population_fitness(completions: Sequence[Sequence[Completion]], rows: Sequen
             rewards[n, b] = float(reward_fn(text, row))
             tokens += int(count)
             entropy_sum += float(entropy)
-    return FitnessResult(fitness=rewards.mean(axis=1), success=rewards >= 1.0, generated_tokens=tokens,
-                         entropy=entropy_sum / tokens if tokens else math.nan, entropy_estimator=estimator,
-                         rollouts=int(rewards.size))
+    return FitnessResult.from_rewards(rewards, tokens, entropy_sum / tokens if tokens else math.nan, estimator)
 
 
 # --------------------------------------------------------------------------- HF checkpoint
@@ -530,6 +591,11 @@ class VLLMESBackend(ESBackend):
     def start(self, cfg: ESConfig) -> BackendStart:
         if cfg.noise != "full":
             raise ValueError(LOWRANK_ON_VLLM)
+        if cfg.arithmetic != "exact" and len(self.pool.engines) > 1:
+            raise ValueError(f"ESConfig.arithmetic {cfg.arithmetic!r} runs on one vLLM engine: with no master, "
+                             f"{len(self.pool.engines)} engines' inexact restores would drift apart")
+        if (cfg.noise_seeding, cfg.arithmetic) != ("per_tensor", "exact"):
+            self.pool.rpc_all("es_arithmetic", cfg.noise_seeding, cfg.arithmetic)
         # The engines loaded the start model themselves: its reference names the start.
         return BackendStart(parameters=int(self.pool.rpc_one("es_parameter_count")),
                             tensors=len(self.pool.rpc_one("es_shapes")), identity={"model": self.model_ref})

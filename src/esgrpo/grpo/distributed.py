@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from esgrpo.distance import squared_norm
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.io import atomic_directory
 
@@ -84,11 +85,12 @@ def host_copy(model: torch.nn.Module, keep: bool) -> dict[str, torch.Tensor] | N
 
 def norm_to(model: torch.nn.Module, reference: Mapping[str, torch.Tensor] | None) -> float:
     """||theta - reference||_2 over all parameters, one tensor at a time on the parameter's device; NaN
-    where `reference` is None (the ranks that keep none), which still join the gathers."""
+    where `reference` is None (the ranks that keep none), which still join the gathers. Summed as ES's
+    distances are (`esgrpo.distance.squared_norm`)."""
     total = 0.0
     for name, full in _gathered(model):
         if reference is not None:
-            total += float((full - reference[name].to(full.device)).double().pow(2).sum())
+            total += squared_norm(full, reference[name])
     return total ** 0.5 if reference is not None else float("nan")
 
 

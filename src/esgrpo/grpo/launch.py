@@ -34,6 +34,7 @@ from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.grpo.trainer import train_grpo
 from esgrpo.io import read_json, read_jsonl, write_json, write_jsonl
 from esgrpo.live import LiveSettings
+from esgrpo.run_record import RunSummary
 
 __all__ = ["accelerate_config", "launch_command", "launch_grpo", "main"]
 
@@ -92,8 +93,9 @@ def launch_command(config_file: str | os.PathLike, job_file: str | os.PathLike, 
 def launch_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[dict], verifier: str,
                 settings: GRPOSettings | Mapping[str, Any], out_dir: str | os.PathLike,
                 progress_dir: str | os.PathLike, log: Callable[[str], Any] = print,
-                live: LiveSettings | None = None) -> dict[str, Any]:
-    """`esgrpo.grpo.trainer.train_grpo` in settings.num_processes processes (one per GPU); returns rank 0's summary."""
+                live: LiveSettings | None = None) -> RunSummary:
+    """`esgrpo.grpo.trainer.train_grpo` in settings.num_processes processes (one per GPU); returns rank 0's summary
+    (which rank 0 leaves in the launch's temporary folder)."""
     import yaml
 
     settings = settings if isinstance(settings, GRPOSettings) else GRPOSettings.from_dict(settings)
@@ -101,7 +103,6 @@ def launch_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[dict], verif
         raise ImportError("GRPOSettings.sharding zero3 needs DeepSpeed (`pip install deepspeed`), which this "
                           "environment lacks; fsdp shards the same state with torch alone")
     out_dir = Path(out_dir)
-    (out_dir / "summary.json").unlink(missing_ok=True)  # the summary read back must be this launch's
     cuda = torch.cuda.is_available()
     with tempfile.TemporaryDirectory(prefix="esgrpo-grpo-launch-") as tmp:
         folder = Path(tmp)
@@ -109,6 +110,7 @@ def launch_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[dict], verif
         write_json(folder / "job.json", {"model": str(model_dir_or_ref), "rows": str(folder / "rows.jsonl"),
                                          "verifier": verifier, "settings": settings.to_dict(),
                                          "out_dir": str(out_dir), "progress_dir": str(progress_dir),
+                                         "summary": str(folder / "summary.json"),
                                          "live": (live or LiveSettings()).to_dict()})
         (folder / "accelerate.yaml").write_text(yaml.safe_dump(accelerate_config(settings, cuda), sort_keys=True))
         command = launch_command(folder / "accelerate.yaml", folder / "job.json", settings.num_processes,
@@ -118,10 +120,10 @@ def launch_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[dict], verif
         source = str(Path(__file__).resolve().parents[1])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (source, os.environ.get("PYTHONPATH")) if p))
         done = subprocess.run(command, env=env, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"grpo: the {settings.num_processes}-process launch failed (exit {done.returncode}); "
-                           f"each rank's traceback is in the log above")
-    return read_json(out_dir / "summary.json")
+        if done.returncode != 0:
+            raise RuntimeError(f"grpo: the {settings.num_processes}-process launch failed (exit {done.returncode}); "
+                               f"each rank's traceback is in the log above")
+        return RunSummary.from_dict(read_json(folder / "summary.json"))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -129,9 +131,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     (job_file,) = list(argv if argv is not None else sys.argv[1:])
     job = read_json(job_file)
     try:
-        train_grpo(job["model"], read_jsonl(job["rows"]), job["verifier"], GRPOSettings.from_dict(job["settings"]),
-                   job["out_dir"], job["progress_dir"], log=print if rank() == 0 else (lambda message: None),
-                   live=LiveSettings.from_dict(job.get("live")))
+        summary = train_grpo(job["model"], read_jsonl(job["rows"]), job["verifier"],
+                             GRPOSettings.from_dict(job["settings"]), job["out_dir"], job["progress_dir"],
+                             log=print if rank() == 0 else (lambda message: None),
+                             live=LiveSettings.from_dict(job.get("live")))
+        if summary is not None:  # rank 0's, for launch_grpo to return
+            write_json(job["summary"], summary.to_dict())
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()

@@ -1,7 +1,7 @@
-"""GRPO's metrics.jsonl rows: one row per optimiser step in the ES trainer's schema where the two
-overlap (`ES_SHARED_KEYS`), so one table reads both methods, with the geometry TRL does not measure
-(distance from the initial weights, the step's update norm). `callback_class` is the TRL callback that
-writes them; `esgrpo.grpo.trainer` installs it.
+"""GRPO's metrics.jsonl rows: one `esgrpo.run_record.StepRow` per optimiser step, the ES trainer's
+record, so one table reads both methods, with the geometry TRL does not measure (distance from the
+initial weights, the step's update norm). `callback_class` is the TRL callback that writes them;
+`esgrpo.grpo.trainer` installs it.
 """
 
 from __future__ import annotations
@@ -18,14 +18,9 @@ from esgrpo.grpo.distributed import host_copy, norm_to
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.io import write_jsonl
 from esgrpo.live import Eta, LiveLog
+from esgrpo.run_record import StepRow
 
-__all__ = ["ES_SHARED_KEYS", "MetricsRows", "callback_class"]
-
-# metrics.jsonl keys that mean the same thing in an ES row (`esgrpo.es.loop.train_es`), so a table
-# can put the two methods side by side. fitness_* is a mean reward in both: for ES the mean
-# over a member's prompts, for GRPO over every completion of the step.
-ES_SHARED_KEYS = ("method", "iteration", "fitness_mean", "fitness_std", "entropy", "rollouts",
-                  "generated_tokens", "seconds", "distance_from_init", "update_norm", "updates", "prompts")
+__all__ = ["MetricsRows", "callback_class"]
 
 
 def _float(value: Any) -> float:
@@ -35,7 +30,7 @@ def _float(value: Any) -> float:
 
 
 class MetricsRows:
-    """Writes one ES-schema row per optimiser step to metrics.jsonl (progress_dir and out_dir).
+    """Writes one `StepRow` per optimiser step to metrics.jsonl (progress_dir and out_dir).
 
     Geometry is measured here because TRL does not: distance_from_init against an fp32
     copy of the starting weights, update_norm against an fp32 copy taken as the step begins
@@ -104,29 +99,24 @@ class MetricsRows:
         # TRL's num_tokens also counts prompt tokens; mean length x count is the exact completion total.
         self.totals["generated_tokens"] += int(round(mean_length * completions))
         self.totals["seconds"] += self.pending.get("seconds_step", 0.0)
-        row = {
-            "method": "grpo",
-            "iteration": step,
-            "updates": step,
-            "prompts": s.prompts_per_step,
-            "fitness_mean": _float(logs.get("reward")),
-            "fitness_std": _float(logs.get("reward_std")),
-            "entropy": _float(logs.get("entropy")),
+        extra = {
             "frac_reward_zero_std": _float(logs.get("frac_reward_zero_std")),
             "loss": _float(logs.get("loss")),
             "grad_norm": _float(logs.get("grad_norm")),
             "learning_rate": _float(logs.get("learning_rate")),
             "completion_mean_length": mean_length,
             "truncated_fraction": _float(logs.get("completions/clipped_ratio")),
-            "update_norm": self.pending.get("update_norm", math.nan),
-            "distance_from_init": self.pending.get("distance_from_init", math.nan),
-            "rollouts": self.totals["rollouts"],
-            "generated_tokens": self.totals["generated_tokens"],
-            "seconds": self.totals["seconds"],
             "seconds_step": self.pending.get("seconds_step", math.nan),
         }
         if s.beta != 0.0:
-            row["kl"] = _float(logs.get("kl"))
+            extra["kl"] = _float(logs.get("kl"))
+        row = StepRow(
+            method="grpo", iteration=step, fitness_mean=_float(logs.get("reward")),
+            fitness_std=_float(logs.get("reward_std")), update_norm=self.pending.get("update_norm", math.nan),
+            distance_from_init=self.pending.get("distance_from_init", math.nan), updates=step,
+            rollouts=self.totals["rollouts"], generated_tokens=self.totals["generated_tokens"],
+            seconds=self.totals["seconds"], entropy=_float(logs.get("entropy")), prompts=s.prompts_per_step,
+            extra=extra).to_dict()
         self.pending = {}
         # Rows are keyed by step: a step replayed after a resume replaces, never duplicates.
         self.rows = [r for r in self.rows if r["iteration"] < step] + [row]

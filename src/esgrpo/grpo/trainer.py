@@ -9,9 +9,9 @@ optional KL); this module only wires the project into it:
   completion text only, in the calling convention TRL expects;
 - `rows_to_dataset`: task rows -> a `datasets.Dataset` (per-task `meta` as JSON text, since
   Arrow needs one schema for every row);
-- `train_grpo`: load, train, write `metrics.jsonl` rows in the ES schema where the two
-  overlap (`esgrpo.grpo.metrics`: one table reads both methods), resume from TRL checkpoints after a kill (the
-  progress folder: `esgrpo.checkpoint`), save the final model in HF layout and a `summary.json`.
+- `train_grpo`: load, train, write `metrics.jsonl` rows of the record ES writes too (`esgrpo.run_record`,
+  through `esgrpo.grpo.metrics`: one table reads both methods), resume from TRL checkpoints after a kill (the
+  progress folder: `esgrpo.checkpoint`), save the final model in HF layout; return the run's summary.
 
 The prompt order is decided here, not by TRL's sampler: TRL reshuffles each epoch from a
 stateful generator that a resumed run does not fast-forward, so a run resumed after its
@@ -44,14 +44,14 @@ import torch
 from esgrpo.checkpoint import ProgressFolder, fingerprint
 from esgrpo.engines.vllm_engine import on_vllm_cpu, size_cpu_kv_cache
 from esgrpo.grpo.distributed import load_policy, main_first, rank, save_policy, world_size
-from esgrpo.grpo.metrics import ES_SHARED_KEYS, MetricsRows, callback_class
+from esgrpo.grpo.metrics import MetricsRows, callback_class
 from esgrpo.grpo.settings import GRPOSettings
-from esgrpo.io import read_jsonl, write_json, write_jsonl
+from esgrpo.io import read_jsonl, write_jsonl
 from esgrpo.live import LiveLog, LiveSettings
+from esgrpo.run_record import RunSummary
 from esgrpo.tasks.rewards import DEFAULT_RULES, SCHEMES, VERIFIERS, check_rules, reward
 
 __all__ = [
-    "ES_SHARED_KEYS",
     "grpo_trainer",
     "make_reward_function",
     "prompt_order",
@@ -377,15 +377,16 @@ def _colocated_engine_on_cpu(active: bool):
 def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifier: str,
                settings: GRPOSettings | Mapping[str, Any], out_dir: str | os.PathLike,
                progress_dir: str | os.PathLike, log: Callable[[str], Any] = print,
-               live: LiveSettings | None = None) -> dict[str, Any]:
-    """Run GRPO from `model_dir_or_ref` and write `out_dir`/{model/, metrics.jsonl, summary.json}.
+               live: LiveSettings | None = None) -> RunSummary | None:
+    """Run GRPO from `model_dir_or_ref` and write `out_dir`/{model/, metrics.jsonl}; returns the run's
+    summary (None on the ranks other than 0 of a multi-process launch; the training stage writes it).
 
     rows: task rows {id, prompt (chat messages), answer, meta}; verifier: a name in
     `esgrpo.tasks.rewards.VERIFIERS`. TRL checkpoints go to `progress_dir` every
     `settings.save_every` steps; a rerun with the same settings, rows and start model resumes
     from the newest whole checkpoint (another run's leftovers are cleared). The folder takes one
     writer at a time (`esgrpo.checkpoint.WriterLock`; in a multi-process launch, rank 0's). `live`:
-    where rank 0 writes the live curves (`esgrpo.live`; None: nowhere). Returns the summary.
+    where rank 0 writes the live curves (`esgrpo.live`; None: nowhere).
     """
     settings = settings if isinstance(settings, GRPOSettings) else GRPOSettings.from_dict(settings)
     if verifier not in VERIFIERS:
@@ -434,7 +435,7 @@ def grpo_trainer(model: torch.nn.Module, tokenizer: Any, train_rows: list[Row], 
 
 def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, settings: GRPOSettings,
            out_dir: Path, progress: ProgressFolder, cuda: bool, log: Callable[[str], Any],
-           live: LiveSettings | None = None) -> dict[str, Any]:
+           live: LiveSettings | None = None) -> RunSummary | None:
     main = rank() == 0
     order = prompt_order(len(rows), settings.steps, settings.prompts_per_step, settings.seed)
     model, tokenizer = load_policy(model_dir_or_ref, settings, cuda)
@@ -463,8 +464,8 @@ def _train(model_dir_or_ref: str | os.PathLike, rows: list[Row], verifier: str, 
 
 
 def _finish(trainer: Any, callback: MetricsRows, tokenizer: Any, use_cache: bool, settings: GRPOSettings,
-            out_dir: Path, resume: tuple[int, Path] | None, main: bool) -> dict[str, Any]:
-    """Save the model, every metrics row and the summary (rank 0); returns the summary."""
+            out_dir: Path, resume: tuple[int, Path] | None, main: bool) -> RunSummary | None:
+    """Save the model and every metrics row (rank 0); returns the summary (rank 0's; None elsewhere)."""
     metrics = callback.rows
     if main and [r["iteration"] for r in metrics] != list(range(1, settings.steps + 1)):
         raise RuntimeError(f"grpo: expected one metrics row per step 1..{settings.steps}, "
@@ -476,22 +477,11 @@ def _finish(trainer: Any, callback: MetricsRows, tokenizer: Any, use_cache: bool
     save_policy(trained, tokenizer, out_dir / "model", main)
     distance = callback._norm_to(callback.theta0)  # every rank: a gather when the model is sharded
     if not main:
-        return {"method": "grpo", "steps": settings.steps, "rank": rank()}
+        return None
     write_jsonl(out_dir / "metrics.jsonl", metrics)
     last = metrics[-1]
-    summary = {
-        "method": "grpo",
-        "steps": settings.steps,
-        "iterations": settings.steps,  # the ES summary's name for the same count
-        "parameters": sum(t.numel() for t in callback.theta0.values()),
-        "final_fitness_mean": last["fitness_mean"],
-        "best_fitness_mean": max(r["fitness_mean"] for r in metrics),
-        "rollouts": last["rollouts"],
-        "generated_tokens": last["generated_tokens"],
-        "seconds": last["seconds"],
-        "distance_from_init": distance,
-        "resumed_from": resume[0] if resume is not None else None,
-        "settings": settings.to_dict(),
-    }
-    write_json(out_dir / "summary.json", summary)
-    return summary
+    return RunSummary(method="grpo", iterations=settings.steps, updates=last["updates"],
+                      trainable_parameters=sum(t.numel() for t in callback.theta0.values()),
+                      distance_from_init=distance, **RunSummary.fitness(metrics), rollouts=last["rollouts"],
+                      generated_tokens=last["generated_tokens"], seconds=last["seconds"],
+                      resumed_from=resume[0] if resume is not None else None, settings=settings.to_dict())

@@ -148,10 +148,12 @@ def train_job(config: dict[str, Any], model: str, task: str, run: str, arch: Arc
         es = config.get("es") or {}
         engine = es.get("engine") or {}
         on_vllm = es.get("backend", "hf") == "vllm"
+        in_place = s.get("arithmetic", "exact") != "exact"  # one engine, the weights in bf16 (es.ablations.arithmetic)
         return JobSpec(**common, method="es", device=settings.device(on_vllm),
                        backend="vllm" if on_vllm else "hf",
-                       gpus=int(engine.get("num_engines") or settings.es_gpus) if on_vllm else None,
-                       weight_dtype=engine.get("dtype", "bfloat16") if on_vllm else "float32",
+                       gpus=(1 if in_place else int(engine.get("num_engines") or settings.es_gpus)) if on_vllm else None,
+                       weight_dtype=engine.get("dtype", "bfloat16") if on_vllm else "bfloat16" if in_place else "float32",
+                       es_arithmetic=s.get("arithmetic", "exact"),
                        iterations=int(s["iterations"]), population=int(s["population_size"]),
                        prompts=int(s.get("prompts_per_iteration") or 64))
     if spec.method == "grpo":

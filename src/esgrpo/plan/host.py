@@ -47,11 +47,13 @@ RAY_PROCESSES_BYTES = 1 * GIB
 
 
 def vllm_cpu(arch: Architecture, method: str, *, engines: int, weight_dtype: str,
-             train_micro_batch: int = 0, prompt: int = 0, new: int = 0) -> dict[str, dict[str, int]]:
+             train_micro_batch: int = 0, prompt: int = 0, new: int = 0,
+             in_place: bool = False) -> dict[str, dict[str, int]]:
     """Host memory of a job whose vLLM engines run on this host (vLLM's CPU build): each engine holds its
     processes, its weights in `weight_dtype` and its KV cache. es: the driver's fp32 master and export beside
     `engines` engines on Ray (`esgrpo.es.vllm_backend`); grpo: TRL's CPU training state (`grpo_cpu`, one
-    micro-batch) beside its colocated engine; eval: one engine and the weights being loaded."""
+    micro-batch) beside its colocated engine; eval: one engine and the weights being loaded. in_place: ES with
+    a paper's arithmetic (`esgrpo.es.arithmetic`), no master, theta0 in the weights' dtype."""
     p = arch.parameters
     engine = {"vLLM engine processes": engines * VLLM_CPU_ENGINE_PROCESS_BYTES,
               f"engine weights ({weight_dtype})": engines * p * dtype_bytes(weight_dtype),
@@ -62,7 +64,9 @@ def vllm_cpu(arch: Architecture, method: str, *, engines: int, weight_dtype: str
         # engine 0 keeps theta0 on the host. Exports and checkpoints stream tensor by tensor.
         return {"train": {"driver process": PROCESS_BASE["es"], "Ray processes": RAY_PROCESSES_BYTES, **engine,
                           f"live weights beside the packed ones ({weight_dtype})": engines * p * dtype_bytes(weight_dtype),
-                          "fp32 master theta (one per engine)": engines * 4 * p, "theta0 (engine 0, fp32)": 4 * p}}
+                          **({"theta0 (engine 0, in the weights' dtype)": p * dtype_bytes(weight_dtype)} if in_place
+                             else {"fp32 master theta (one per engine)": engines * 4 * p,
+                                   "theta0 (engine 0, fp32)": 4 * p})}}
     if method == "grpo":
         phases = grpo_cpu(arch, completions=train_micro_batch, micro_batch=train_micro_batch, prompt=prompt, new=new)
         return {name: {**terms, **engine} for name, terms in phases.items() if name != "generate"}
@@ -71,25 +75,27 @@ def vllm_cpu(arch: Architecture, method: str, *, engines: int, weight_dtype: str
 
 
 def es_cpu(arch: Architecture, *, members: int, prompts: int, prompt: int, new: int,
-           weight_dtype: str = "float32") -> dict[str, dict[str, int]]:
+           weight_dtype: str = "float32", in_place: bool = False) -> dict[str, dict[str, int]]:
     """Phases of `esgrpo.es.loop.train_es` on the transformers backend, everything in host memory.
 
     `esgrpo.es.hf_backend.HFESBackend` keeps the model, the fp32 starting point theta0 and the fp32
     master theta (two clones); an iteration adds the population (`memory.population_generation`), whose
     buffers stay through the update (`memory.population_kept`: the next iteration reuses them); the update
     (`esgrpo.es.ops.apply_update`) and the distance from theta0 work one tensor at a time
-    (`memory.es_update_bytes`). Loading maps the checkpoint file while the model is built.
+    (`memory.es_update_bytes`). Loading maps the checkpoint file while the model is built. In place (a paper's
+    arithmetic, `esgrpo.es.arithmetic`) theta0 and theta are copies in the weights' dtype, not fp32.
     """
     p = arch.parameters
     width = dtype_bytes(weight_dtype)
+    thetas = f"theta0 and theta ({weight_dtype if in_place else 'fp32'})"
     base = {"process (Python, torch, transformers)": PROCESS_BASE["es"], "model weights": p * width,
-            "theta0 and theta (fp32)": 2 * p * 4}
+            thetas: 2 * p * (width if in_place else 4)}
     return {
-        "load": {**{k: v for k, v in base.items() if k != "theta0 and theta (fp32)"},
+        "load": {**{k: v for k, v in base.items() if k != thetas},
                  "checkpoint file (mapped)": p * 4},
         "generate": {**base, **population_generation(arch, members, prompts, prompt, new)},
         "update": {**base, **population_kept(arch, members, prompts, prompt, new),
-                   "update or distance of one tensor": es_update_bytes(arch, "hf", theta0_here=True)},
+                   "update or distance of one tensor": es_update_bytes(arch, "hf")},
     }
 
 

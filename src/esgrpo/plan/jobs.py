@@ -116,6 +116,7 @@ class JobSpec:
     copies: int = 2
     beta: float = 0.0
     time_limit: int | None = None  # minutes, where the rule asks for a fixed limit (held-out benchmarks)
+    es_arithmetic: str = "exact"  # ESConfig.arithmetic: in place, no fp32 master (theta in the weights' dtype)
     # the wildcards of its rule's job, sorted by name: how the rules find its plan (Planner.plan_of)
     wildcards: tuple[tuple[str, str], ...] = ()
 
@@ -282,6 +283,8 @@ def _plan_es_vllm(job: JobSpec, gpu: GpuType) -> JobPlan:
     batched, max_seqs = _vllm_defaults(gpu)
     beside = {"ES fp32 master": es_master_bytes(arch),
               "ES perturb / update / distance of one tensor": es_update_bytes(arch, "vllm")}
+    if job.es_arithmetic != "exact":  # in place: the live weights are theta (one tensor's update is fp32 still)
+        del beside["ES fp32 master"]
     # The engine's concurrency is chosen within the plan's headroom, as GRPO's: the allocator slack
     # counted on top of it must not push a job that could run fewer sequences over the GPU.
     left = int(PLAN_HEADROOM * gpu.memory_bytes) - int((1 + ALLOCATOR_SLACK) * sum(beside.values()))
@@ -301,7 +304,9 @@ def _es_hf_parts(job: JobSpec) -> dict[str, int]:
     """ES on the transformers backend: model, theta0 and theta, the population's generation."""
     arch, width = job.architecture, dtype_bytes(job.weight_dtype)
     members = job.population if job.es_population == "stacked" else 1
-    return {"model weights": arch.parameters * width, "theta0 and theta (fp32)": 8 * arch.parameters,
+    theta = ("theta0 and theta (fp32)", 8) if job.es_arithmetic == "exact" else \
+        (f"theta0 and theta ({job.weight_dtype}, in place)", 2 * width)
+    return {"model weights": arch.parameters * width, theta[0]: theta[1] * arch.parameters,
             **population_generation(arch, members, job.prompts, job.prompt_tokens, job.new_tokens)}
 
 
@@ -514,7 +519,8 @@ def _plan_vllm_cpu(job: JobSpec) -> JobPlan:
     engines = (job.gpus or 1) if job.method == "es" else 1
     start = engines * runtime.START_SECONDS + (0.0 if job.method == "es" else runtime.VLLM_CPU_COMPILE_SECONDS)
     if job.method == "es":
-        phases = host.vllm_cpu(arch, "es", engines=engines, weight_dtype=job.weight_dtype)
+        phases = host.vllm_cpu(arch, "es", engines=engines, weight_dtype=job.weight_dtype,
+                               in_place=job.es_arithmetic != "exact")
         seconds = start + job.iterations * runtime.cpu_generation_seconds(arch, job.population * job.prompts, new) / engines
         return JobPlan(job, engines, None, 0, peak(phases), seconds, cpus=engines)
     if job.method == "grpo":
@@ -537,7 +543,7 @@ def _plan_cpu(job: JobSpec) -> JobPlan:
         return _plan_vllm_cpu(job)
     if job.method == "es":
         phases = host.es_cpu(arch, members=job.population, prompts=job.prompts, prompt=job.prompt_tokens,
-                             new=new, weight_dtype=job.weight_dtype)
+                             new=new, weight_dtype=job.weight_dtype, in_place=job.es_arithmetic != "exact")
         seconds = job.iterations * runtime.cpu_generation_seconds(arch, job.population * job.prompts, new)
         return JobPlan(job, 0, None, 0, peak(phases), seconds)
     if job.method == "grpo":

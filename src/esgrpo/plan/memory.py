@@ -76,7 +76,7 @@ def es_tensors(arch: Architecture, layout: str) -> list[tuple[int, bool]]:
     return [vocab, *qkv, (h * q, False), *mlp, (h, False)]
 
 
-def es_tensor_bytes(n: int, assembled: bool, theta0_here: bool = False) -> dict[str, int]:
+def es_tensor_bytes(n: int, assembled: bool) -> dict[str, int]:
     """Bytes beside the fp32 master while ES works on one tensor of n elements, by operation
     (c = min(n, NORM_CHUNK_ELEMENTS)):
 
@@ -85,22 +85,21 @@ def es_tensor_bytes(n: int, assembled: bool, theta0_here: bool = False) -> dict[
     - update (`esgrpo.es.ops.apply_update`): the fp32 step 4n and one noise draw 4n (an assembled tensor's
       step is its parts' sums, each built beside one part's draw, then concatenated: also 8n), then the
       norm's float64 chunk and its square, 16c;
-    - distance from theta0 (`esgrpo.es.ops.squared_norm`): vLLM engine 0 keeps theta0 on the host
-      and subtracts on the GPU in float64 (theta's chunk, theta0's, their difference: 24c); the
-      transformers backend (`theta0_here`) subtracts in fp32 first (4n), then squares chunks (16c).
+    - distance from theta0 (`esgrpo.distance.distance`): subtracted in float64 a chunk at a time (theta's
+      chunk, theta0's, their difference: 24c), on either backend (vLLM engine 0 keeps theta0 on the host).
     Counted from the code; `benchmarks/es_update_memory.py` measures each (tests/test_plan.py).
     """
-    from esgrpo.es.settings import NORM_CHUNK_ELEMENTS
+    from esgrpo.distance import NORM_CHUNK_ELEMENTS
 
     c = min(n, NORM_CHUNK_ELEMENTS)
     return {"perturb": 8 * n,
             "update": 4 * n + max(4 * n, 16 * c),
-            "distance": 4 * n + 16 * c if theta0_here else 24 * c}
+            "distance": 24 * c}
 
 
-def es_update_bytes(arch: Architecture, layout: str = "vllm", theta0_here: bool = False) -> int:
+def es_update_bytes(arch: Architecture, layout: str = "vllm") -> int:
     """The largest of `es_tensor_bytes` over the master's tensors: ES's working set beside theta."""
-    return max(max(es_tensor_bytes(n, assembled, theta0_here).values()) for n, assembled in es_tensors(arch, layout))
+    return max(max(es_tensor_bytes(n, assembled).values()) for n, assembled in es_tensors(arch, layout))
 
 
 def es_master_bytes(arch: Architecture, layout: str = "vllm") -> int:

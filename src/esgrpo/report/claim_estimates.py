@@ -26,6 +26,7 @@ from esgrpo.report.frames import (
     theory_ratios,
 )
 from esgrpo.report.loading import StageInputs, run_labels
+from esgrpo.report.registry import table_caption
 from esgrpo.report.stats import (
     NAN3,
     ci_values,
@@ -352,12 +353,7 @@ def claim_test_text(comparison: str, threshold: float, margin: float) -> str:
 
 def table_claims(data: StageInputs, output: dict) -> None:
     table = build_claims(data)
-    caption = ("Claims of papers A and B, each judged from its measured analogue: estimate and 95% bootstrap CI "
-               "[lo, hi]; verdict by esgrpo.report.claims.verdict (holds / does not hold / inconclusive when "
-               "the CI straddles the bound); 'not run' where the config does not train what the claim needs, "
-               "'not measured' where it trains it but not what the paper measures it on (no held-out task, no "
-               "N=64 run). A one-seed norm ratio's CI is over parameter tensors. Magnitude claims: verdict on "
-               "the direction, the paper's figure beside ours (docs/references.md).")
+    caption = table_caption("claims")
     shown = pd.DataFrame({
         "id": table["id"], "paper": table["paper"], "statement": table["statement"],
         "measured analogue": table["metric"],

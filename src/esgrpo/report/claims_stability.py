@@ -17,6 +17,7 @@ import pandas as pd
 
 from esgrpo.report.claim_estimates import build_claims
 from esgrpo.report.loading import StageInputs
+from esgrpo.report.registry import table_caption
 from esgrpo.report.writing import display_frame, fmt_ci, write_table
 
 NOT_MEASURED = "not measured"
@@ -94,15 +95,7 @@ def build_claims_stability(data: StageInputs) -> pd.DataFrame:
 def table_claims_stability(data: StageInputs, output: dict) -> None:
     table = build_claims_stability(data)
     seeds = [c.removeprefix("verdict_") for c in table.columns if c.startswith("verdict_s")]
-    caption = ("Verdict stability across training seeds: each claim of the claims table judged on all "
-               "seeds pooled (the claims table's 95% CI: a test metric's resamples seeds, then prompts "
-               "within each seed) and on each seed alone (the same estimate on that seed's runs; the base "
-               "model's rows in every subset). A claim is reported as holding only when the pooled CI says "
-               "so; 'seeds agreeing' counts the seeds whose own verdict is the pooled one. 'not measured': "
-               "the seed alone cannot judge the claim (not run, or one unit and no interval). With few "
-               "seeds the pooled interval is narrow: with 3 it covers about 75% where seeds dominate the "
-               "variance (tests/test_hierarchical_bootstrap.py). "
-               f"Seeds: {', '.join(seeds) or 'none'}.")
+    caption = table_caption("claims_stability", seeds=", ".join(seeds) or "none")
     pooled_ci = [fmt_ci(m, lo, hi) for m, lo, hi in
                  zip(table["estimate"], table["lo"], table["hi"], strict=True)]
     shown = pd.DataFrame({"id": table["id"], "paper": table["paper"], "statement": table["statement"],

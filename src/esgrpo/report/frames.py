@@ -13,7 +13,8 @@ import pandas as pd
 from esgrpo.analysis.theory import fit_sq_norm_vs_t
 from esgrpo.metrics import barrier_height
 from esgrpo.report.loading import StageInputs, run_labels, variant_of, with_labels
-from esgrpo.report.planning import ES_KINDS, ZSCORE_ONE_SIDED, judged_tasks
+from esgrpo.report.planning import ZSCORE_ONE_SIDED, judged_tasks
+from esgrpo.report.registry import ES_KINDS
 from esgrpo.report.stats import ci_curve, common_ks, stat, tail, window_label
 from esgrpo.runs import parse_run_name
 

@@ -26,6 +26,7 @@ from esgrpo.report.planning import (
     run_kind,
     stage_one_aliases,
 )
+from esgrpo.report.registry import STAGES, stage_function
 from esgrpo.runs import pair_seed, parse_run_name
 
 
@@ -215,3 +216,9 @@ class StageInputs:
         """The base model's evaluation rows."""
         prompts = self.prompts
         return prompts[prompts["kind"] == BASE] if not prompts.empty else prompts
+
+
+def run_paper_stage(input, output, params, wildcards, threads) -> None:
+    """Runs the table or figure params["stage"] on its inputs, reading only the run kinds it needs."""
+    name = params["stage"]
+    stage_function(name)(StageInputs(input, {**params["setup"], "wanted": STAGES[name].needs}), output)

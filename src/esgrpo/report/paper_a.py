@@ -18,48 +18,12 @@ from esgrpo.report.frames import (
 from esgrpo.report.loading import StageInputs, run_labels
 from esgrpo.report.paper_values import PaperValue, paper_notes, paper_value, with_paper_rows
 from esgrpo.report.planning import METHOD_ORDER, RATIO_ORDER, snapshot_method
+from esgrpo.report.registry import table_caption
 from esgrpo.report.stats import budget_rows, ci_prompts, ci_values, main_variants, paired_ci, ratio_ci, stat
 from esgrpo.report.writing import absent_notes, order_rows, write_long_table
 from esgrpo.runs import parse_run_name
 
 NO_CONTINUAL = "no continual sequence (sequential.continual) in this config"
-
-
-# Each table's caption (Markdown and LaTeX; the CSV carries the numbers only).
-CAPTIONS = {
-    "a_accuracy": ("Paper A: test greedy accuracy on each task's own test set, base vs ES vs GRPO "
-                   "(mean [95% CI] over seeds and prompts). budget=iterations: final checkpoints after the "
-                   "configured ES iterations / GRPO steps (ES (K it): the main ES run after K iterations, "
-                   "es.snapshots); train reward rows (metrics.jsonl fitness_mean; ES: mean over the population): the mean "
-                   "over a window of logged steps (the last 10%, at least 3, at most half the run; each cell names its "
-                   "steps in brackets, the CSV's window column lists them; 95% CI over seeds and the window's steps) "
-                   "ending at the final step (budget=iterations) or, "
-                   "budget=rollouts / generated_tokens, at the last step within the smaller of the two methods' "
-                   "totals."),
-    "a_sequential": ("Paper A: continual sequence {sequence}. Test greedy accuracy (mean [95% CI], seeds x prompts) on "
-                     "every task (columns) after each stage k (rows; stage 0 = base), per method; forgetting = best "
-                     "earlier stage (1..K-1) - final stage, paired per prompt."),
-    "a_update_norms": ("Paper A: update norm ||theta - theta0||_2 (theta0 = the base model; sqrt of the sum of the "
-                       "per-tensor squared L2 of the drift analysis) after each continual stage, per method, and the "
-                       "ES/GRPO ratio (per shared seed, 95% CI over seeds). Single-task rows: the main runs of each task. "
-                       "ES theory: alpha*sqrt(T d/N) from the base (norm-theory analysis; a continual stage sums "
-                       "the stages' squares)."),
-    "a_heldout": ("Paper A: held-out scores before (base) -> after the continual sequence (final stage), per "
-                  "method, greedy accuracy and mean@n with 95% CIs (seeds x prompts; the change paired per prompt). "
-                  "held_out = the task is not in the sequence (paper A: MMLU, IFEval). lm-eval rows: the benchmark's "
-                  "headline metric through lm-evaluation-harness, one value per prompt (MMLU acc; IFEval "
-                  "prompt-level strict accuracy; <grid folder>/*/heldout/*.json has every metric). At toy scale, when every "
-                  "task is in the sequence, no task is held out and each row reports a trained task before and "
-                  "after the whole sequence."),
-    "a_geometry": ("Paper A: update geometry. cosine(dES, dGRPO) over all parameters (and mean |cos| per "
-                   "layer / module type); barrier height of the linear path theta0 + (1-l) dES + l dGRPO "
-                   "(max over interior l of the straight line between the end points minus the accuracy, >= 0; "
-                   "computed from the interpolation curves); token-mean KL(base || model) on the base model's own "
-                   "continuations, on the training task and averaged over the other tasks. The pair column names what a "
-                   "pairwise value compares; the same-method pairs (two seeds of one method) are the reference for "
-                   "'orthogonal'; ES / GRPO columns hold each method's own KL. 95% CIs over seeds (and tasks for "
-                   "off-task means)."),
-}
 
 
 def build_a_accuracy(data: StageInputs) -> pd.DataFrame:
@@ -93,7 +57,7 @@ def methods_with_snapshots(data: StageInputs) -> list[str]:
 
 
 def table_a_accuracy(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["a_accuracy"]
+    caption = table_caption("a_accuracy")
     long = build_a_accuracy(data)
     write_long_table(output, caption, long, "no base / ES / GRPO evaluations in this config",
                      ["model", "task", "budget", "matched_at", "metric"], order=methods_with_snapshots(data),
@@ -126,7 +90,7 @@ def build_a_sequential(data: StageInputs) -> pd.DataFrame:
 
 def table_a_sequential(data: StageInputs, output: dict) -> None:
     setup = data.setup
-    caption = CAPTIONS["a_sequential"].format(sequence=" -> ".join(setup["continual"] or ["(none)"]))
+    caption = table_caption("a_sequential", sequence=" -> ".join(setup["continual"] or ["(none)"]))
     write_long_table(output, caption, build_a_sequential(data), NO_CONTINUAL,
                      ["model", "method", "row", "stage", "stage_task"], columns="eval_task", notes=absent_notes(setup))
 
@@ -172,7 +136,7 @@ def _reported_norm(setup: dict, row: pd.Series) -> PaperValue | None:
 
 
 def table_a_update_norms(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["a_update_norms"]
+    caption = table_caption("a_update_norms")
     long = build_a_update_norms(data)
     notes = absent_notes(data.setup, continual=True) + paper_notes(data.setup, "a_update_norms", long, "quantity")
     write_long_table(output, caption, long,
@@ -216,7 +180,7 @@ def _reported_heldout(setup: dict, row: pd.Series) -> PaperValue | None:
 
 
 def table_a_heldout(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["a_heldout"]
+    caption = table_caption("a_heldout")
     long = build_a_heldout(data)
     notes = absent_notes(data.setup) + paper_notes(data.setup, "a_heldout", long, "metric")
     if not long.empty and not long["held_out"].astype(bool).any():
@@ -278,7 +242,7 @@ def build_a_geometry(data: StageInputs) -> pd.DataFrame:
 
 
 def table_a_geometry(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["a_geometry"]
+    caption = table_caption("a_geometry")
     write_long_table(output, caption, build_a_geometry(data), "no cosine / interpolation / KL analyses for this "
                      "config (they need both ES and GRPO runs and the analyses under the grid folder)",
                      ["model", "task", "quantity", "pair"], order=[PAIRWISE, "ES", "GRPO"], notes=absent_notes(data.setup))

@@ -28,6 +28,7 @@ from esgrpo.report.paper_values import (
     with_paper_rows,
 )
 from esgrpo.report.planning import METHOD_ORDER, RATIO_ORDER
+from esgrpo.report.registry import table_caption
 from esgrpo.report.stats import (
     budget_rows,
     ci_curve,
@@ -58,67 +59,6 @@ SEQUENTIAL_CONTRASTS = (("ES->GRPO", "ES"), ("ES->GRPO", "GRPO"), ("GRPO->ES", "
 # contrast name, setting a, setting b (ablation_sets)
 ABLATION_CONTRASTS = (("zscore - none", "zscore", "none"), ("zscore - rank", "zscore", "rank"),
                       ("antithetic - one-sided", "antithetic", "one-sided"))
-
-
-# Each table's caption (Markdown and LaTeX; the CSV carries the numbers only).
-CAPTIONS = {
-    "b_passk": ("Paper B: Pass@1 and Pass@k at the two largest evaluated k (paper: 16, 32) on each task's test "
-                "set, unbiased estimator per prompt, mean [95% CI] over seeds and prompts, for base, ES, GRPO, "
-                "ES->GRPO and GRPO->ES (sequential runs on the sequential task only); task = average: a model judged "
-                "on several benchmarks (paper B's hard setting), each weighing the same, per seed, 95% CI over "
-                "seeds. budget=iterations: final "
-                "checkpoints; train reward rows (metrics.jsonl): the mean over a window of logged steps (the last "
-                "10%, at least 3, at most half the run; each cell names its steps in brackets, the CSV's window column "
-                "lists them; 95% CI over seeds and the window's steps) ending at the final "
-                "step or, budget=rollouts / generated_tokens, at the matched budget."),
-    "b_easy_setting": ("Paper B (easy setting): number of (model, task) cells where the trained model falls below the "
-                       "base at Pass@k for the two largest evaluated k (paper: 16 and 32; GRPO below base in 15 of 18). "
-                       "n_below counts point estimates (trained - base < 0, paired per prompt); n_significant counts "
-                       "cells whose 95% CI lies below 0. A cell whose base and trained Pass@k are both saturated "
-                       "(1.000 [1.000, 1.000]: every prompt solved in every seed) cannot fall below the base: it is "
-                       "marked saturated and left out of n_cells, n_below and n_significant (n_saturated counts "
-                       "them)."),
-    "b_sequential": ("Paper B: sequential training on one task. ES->GRPO (GRPO started from the ES run) and GRPO->ES: "
-                     "Pass@1 vs Pass@K (K = largest evaluated k) against their single-method starts and the base; "
-                     "differences paired per (seed, prompt). 95% CIs over seeds and prompts."),
-    "b_drift": ("Paper B: parameter drift of the single-task runs. Relative L2 ||theta - theta0|| / ||theta0|| "
-                "(theta0 = base) of the whole model (module_type = all) and by module type, each method's share "
-                "of its squared update by module type, and the ES/GRPO ratio (per shared seed; 95% CI over "
-                "seeds). Paper B: ES moves up to 44x farther; ES's largest changes in norms and attention."),
-    "b_sparsity": ("Paper B: functional sparsity. Keeping only the largest-|delta| fraction of the changed "
-                   "coordinates (kind = top_fraction): accuracy and retained gain = (acc - base) / (full update - "
-                   "base) with base = keep fraction 0 (or the base evaluation) and full = keep fraction 1. "
-                   "Resetting one module type to the base (kind = reset_module): accuracy and share of the gain "
-                   "lost. 95% CIs over runs (seeds)."),
-    "b_ablations": ("Paper B: ES ablations on {ablation_task} at N = {main_n}: fitness "
-                    "normalisation (z-score vs rank vs none), one-sided vs antithetic (two-point) members, and "
-                    "low-rank noise (low-rank r=<r>: each 2-D weight's perturbation A B^T / sqrt(r), as EGGROLL, "
-                    "arXiv 2511.16652; es.ablations.ranks) against the main runs' noise at the same N, alpha and "
-                    "sigma. Test "
-                    "greedy / mean@n (= Pass@1) / Pass@K with 95% CIs over seeds and prompts; final train reward = "
-                    "mean fitness over the last 10% of iterations, at least 3 (CI over seeds and iterations). Contrast rows are "
-                    "paired differences (per prompt; per iteration for the train reward). All settings share N, "
-                    "iterations and prompts per iteration, hence rollouts: iterations and rollouts budgets coincide. "
-                    "They also share alpha: unless es.settings.unit_rms_weights is true, rank weights are centred "
-                    "ranks in [-0.5, 0.5] (sum w^2 = N(N+1)/(12(N-1)) vs the z-score's N: steps ~3.3x smaller at "
-                    "N = 16, ~3.4x at large N) and none is the raw, uncentred fitness (step size set by the "
-                    "fitness level), so normalisation and step size differ together; with it, rank / raw weights "
-                    "are scaled to sum w^2 = N and only the direction differs. Paper B's public code defines "
-                    "only the z-score."),
-    "b_population": ("Paper B: population sweep on {ablation_task}. Final train reward (mean fitness over "
-                     "the last 10% of iterations, at least 3, 95% CI over seeds and iterations) per N at equal iterations; "
-                     "smallest_sufficient marks the smallest N whose reward is at least the largest N's minus 0.01 "
-                     "(paper: N = 16 within 0.01 of N = 64). budget=rollouts rows: each N's reward at the smallest "
-                     "total rollouts of the sweep (mean over the window of steps ending there)."),
-    "b_entropy": ("Paper B: entropy over training (mean token entropy of the training rollouts, metrics.jsonl): "
-                  "first vs last 10% of steps (at least 3, at most half the run) and the relative change per run (95% CI "
-                  "over seeds and steps / runs); budget=rollouts / generated_tokens: entropy at matched budgets "
-                  "(mean over the window of steps ending there); and the test-time sampling "
-                  "entropy per token of the final checkpoints vs base (CI over seeds and prompts). Exact entropy "
-                  "unless the method is labelled with its estimator (vLLM: sampled-token NLL at T=1, else a top-k "
-                  "lumped lower bound; esgrpo.engines.vllm_engine.entropy_estimator). Paper B: GRPO collapses, ES stays "
-                  "stable."),
-}
 
 
 def benchmark_suites(setup: dict) -> dict[str, list[str]]:
@@ -186,7 +126,7 @@ def mark_saturated(long: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 
 
 def table_b_passk(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["b_passk"]
+    caption = table_caption("b_passk")
     long, saturation = mark_saturated(build_b_passk(data))
     notes = absent_notes(data.setup, sequential=True) + paper_notes(data.setup, "b_passk", long, "metric") + saturation
     write_long_table(output, caption, long, "no evaluations in this config",
@@ -238,7 +178,7 @@ def easy_setting_counts(cells: pd.DataFrame) -> pd.DataFrame:
 
 def table_b_easy_setting(data: StageInputs, output: dict) -> None:
     cells = easy_setting_cells(data)
-    caption = CAPTIONS["b_easy_setting"]
+    caption = table_caption("b_easy_setting")
     if cells.empty:
         return not_run_table(output, caption, "no trained runs to compare with the base model")
     counts = easy_setting_counts(cells)
@@ -280,7 +220,7 @@ def build_b_sequential(data: StageInputs) -> pd.DataFrame:
 
 
 def table_b_sequential(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["b_sequential"]
+    caption = table_caption("b_sequential")
     write_long_table(output, caption, build_b_sequential(data), "no ES->GRPO / GRPO->ES runs in this config "
                      "(needs es, grpo and sequential.task)", ["model", "task", "method"], columns="metric")
 
@@ -316,7 +256,7 @@ def _reported_drift(setup: dict, row: pd.Series) -> PaperValue | None:
 
 
 def table_b_drift(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["b_drift"]
+    caption = table_caption("b_drift")
     long = build_b_drift(data)
     write_long_table(output, caption, long, "no parameter-drift analyses for this config's runs",
                      ["model", "task", "module_type", "quantity"], order=RATIO_ORDER,
@@ -352,7 +292,7 @@ def build_b_sparsity(data: StageInputs) -> pd.DataFrame:
 
 
 def table_b_sparsity(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["b_sparsity"]
+    caption = table_caption("b_sparsity")
     long = build_b_sparsity(data)
     if long.empty:
         return not_run_table(output, caption, "no sparsity analyses for this config's runs")
@@ -419,7 +359,7 @@ def build_b_ablations(data: StageInputs) -> pd.DataFrame:
 
 
 def table_b_ablations(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["b_ablations"].format(**data.setup)
+    caption = table_caption("b_ablations", **data.setup)
     write_long_table(output, caption, build_b_ablations(data), "no ES ablation runs in this config "
                      "(es.ablations.normalization / antithetic / ranks)", ["model", "task", "setting", "variant"],
                      columns="metric")
@@ -465,7 +405,7 @@ def build_b_population(data: StageInputs) -> pd.DataFrame:
 
 
 def table_b_population(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["b_population"].format(**data.setup)
+    caption = table_caption("b_population", **data.setup)
     long = build_b_population(data)
     if long.empty:
         return not_run_table(output, caption, "no population sweep (es.ablations.population_sizes) in this config")
@@ -507,7 +447,7 @@ def build_b_entropy(data: StageInputs) -> pd.DataFrame:
 
 
 def table_b_entropy(data: StageInputs, output: dict) -> None:
-    caption = CAPTIONS["b_entropy"]
+    caption = table_caption("b_entropy")
     write_long_table(output, caption, build_b_entropy(data), "no ES / GRPO runs in this config",
                      ["model", "task", "budget", "matched_at", "metric"], order=METHOD_ORDER,
                      notes=absent_notes(data.setup))

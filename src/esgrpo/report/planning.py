@@ -8,21 +8,21 @@ figure rules): it imports neither pandas nor torch, so the DAG parse stays light
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from esgrpo.analysis.jobs import AnalysisJob
 from esgrpo.analysis.settings import ANALYSES
 from esgrpo.config import judged_on
 from esgrpo.evaluation.heldout import heldout_files
+from esgrpo.report.registry import STAGES
 from esgrpo.runs import config_rank, continual_stage_one, eval_settings, parse_run_name, planned_runs
 
 BASE = "base"  # the base model's evaluation folder and the "run" of its rows
 METHOD = {"base": "base", "es": "ES", "grpo": "GRPO", "es->grpo": "ES->GRPO", "grpo->es": "GRPO->ES",
           "cl_es": "ES", "cl_grpo": "GRPO", "es_pop": "ES", "es_norm": "ES", "es_anti": "ES",
-          "grpo_group": "GRPO", "es_rank": "ES"}
+          "grpo_group": "GRPO", "es_rank": "ES", "es_arith": "ES"}
 METHOD_ORDER = ["base", "ES", "GRPO", "ES->GRPO", "GRPO->ES"]
 RATIO_ORDER = ["ES", "GRPO", "ES/GRPO"]  # columns of the update-norm tables
-ES_KINDS = {"es", "es_pop", "es_norm", "es_anti", "es_rank"}
 # runs the alpha*sqrt(T d/N) theory is about: z-scored fitness (sum z^2 = N), independent members. Low-rank
 # noise (es_rank) too: E = A B^T / sqrt(r) with iid standard factors has E||E||_F^2 = m n, as full-rank noise
 # (esgrpo.analysis.theory; issue 20).
@@ -33,15 +33,18 @@ ALIASED_ANALYSES = ("drift", "theory", "kl")
 
 
 def run_kind(run: str, main_n: int | None, main_g: int | None, main_rank: int | None = None) -> str:
-    """base | es | es_pop | es_norm | es_anti | es_rank | es_snap | grpo | grpo_group | es->grpo | grpo->es |
-    cl_es | cl_grpo. es_rank: an ES run whose noise rank differs from the main runs' (`main_rank`, None =
-    full-rank; es.ablations.ranks), so that it never joins the main ES rows."""
+    """base | es | es_pop | es_norm | es_anti | es_rank | es_arith | es_snap | grpo | grpo_group | es->grpo |
+    grpo->es | cl_es | cl_grpo. es_rank: an ES run whose noise rank differs from the main runs' (`main_rank`,
+    None = full-rank; es.ablations.ranks), so that it never joins the main ES rows; es_arith: a run of a paper's
+    arithmetic (es.ablations.arithmetic), which no table reads yet."""
     if run == BASE:
         return BASE
     name = parse_run_name(run)
     if name.family == "snapshot":
         return "es_snap"
     if name.family == "es":
+        if name.arithmetic is not None:
+            return "es_arith"
         if name.normalization != "zscore":
             return "es_norm"
         if name.antithetic:
@@ -109,65 +112,8 @@ def judged_tasks(setup: dict, model: str, train_task: str) -> list[str]:
     return setup.get("judged_on", {}).get(model, {}).get(train_task, [train_task])
 
 
-# What each table / figure reads: input key -> run kinds ("base" = the base evaluation), and
-# where the runs must lie ("ablation" / "sequential": that task only).
-_TEST_ES_GRPO = {"base", "es", "grpo"}
-_ALL_SINGLE = {"base", "es", "grpo", "es->grpo", "grpo->es"}
-_CONTINUAL = {"base", "cl_es", "cl_grpo"}
-NEEDS: dict[str, dict] = {
-    "a_accuracy": {"prompts": _TEST_ES_GRPO | {"es_snap"}, "metrics": {"es", "grpo"}},
-    "a_sequential": {"prompts": _CONTINUAL},
-    "a_update_norms": {"drift": {"cl_es", "cl_grpo", "es", "grpo"}, "theory": {"cl_es", "es"}},
-    # "heldout": the lm-eval benchmarks' per-prompt rows (heldout_benchmarks), read as prompts
-    "a_heldout": {"prompts": _CONTINUAL, "heldout": _CONTINUAL},
-    "a_geometry": {"cosine": "all", "interpolation": "all", "kl": {"es", "grpo", "cl_es", "cl_grpo"}},
-    "b_passk": {"prompts": _ALL_SINGLE, "metrics": {"es", "grpo"}},
-    "b_easy_setting": {"prompts": _TEST_ES_GRPO},
-    "b_sequential": {"prompts": _ALL_SINGLE, "where": "sequential"},
-    "b_drift": {"drift": {"es", "grpo"}},
-    "b_sparsity": {"sparsity": "all", "prompts": {"base"}},
-    "b_ablations": {"prompts": {"es", "es_norm", "es_anti", "es_rank"}, "metrics": {"es", "es_norm", "es_anti", "es_rank"},
-                    "where": "ablation"},
-    "b_population": {"prompts": {"es", "es_pop"}, "metrics": {"es", "es_pop"}, "where": "ablation"},
-    "b_entropy": {"prompts": _TEST_ES_GRPO, "metrics": {"es", "grpo"}},
-    "passk_curves": {"prompts": _ALL_SINGLE},
-    "entropy_curves": {"metrics": {"es", "grpo"}},
-    "fitness_curves": {"metrics": {"es", "grpo"}},
-    "population_curves": {"metrics": {"es", "es_pop"}, "where": "ablation"},
-    "js_diversity_vs_passk_gain": {"prompts": ES_KINDS | {"base"}, "metrics": ES_KINDS},
-    "es_norm_theory": {"theory": "all"},
-    "drift_by_module": {"drift": {"es", "grpo"}},
-    "sparsity_curves": {"sparsity": "all", "prompts": {"base"}},
-    "interpolation": {"interpolation": "all"},
-    "kl_heatmap": {"kl": {"es", "grpo", "cl_es", "cl_grpo"}},
-    "sequential_matrix": {"prompts": _CONTINUAL},
-}
-PAPER_A_TABLES = ["a_accuracy", "a_sequential", "a_update_norms", "a_heldout", "a_geometry"]
-PAPER_B_TABLES = ["b_passk", "b_easy_setting", "b_sequential", "b_drift", "b_sparsity", "b_ablations",
-                  "b_population", "b_entropy"]
-PAPER_A_FIGURES = ["sequential_matrix", "es_norm_theory", "interpolation", "kl_heatmap", "fitness_curves"]
-PAPER_B_FIGURES = ["passk_curves", "entropy_curves", "population_curves", "js_diversity_vs_passk_gain",
-                   "drift_by_module", "sparsity_curves"]
-
-
-def merge_needs(names: Iterable[str]) -> dict:
-    """The union of what the stages `names` read (where-restrictions dropped)."""
-    out: dict = {}
-    for name in names:
-        for key, kinds in NEEDS[name].items():
-            if key == "where":
-                continue
-            if kinds == "all" or out.get(key) == "all":
-                out[key] = "all"
-            else:
-                out[key] = set(out.get(key, set())) | set(kinds)
-    return out
-
-
-# the claims judge what the tables and two figures measure
-NEEDS["claims"] = merge_needs(PAPER_A_TABLES + PAPER_B_TABLES + ["js_diversity_vs_passk_gain", "es_norm_theory"])
-# verdict stability: the same claims, per seed and pooled, from the same inputs
-NEEDS["claims_stability"] = NEEDS["claims"]
+# What each paper stage reads (esgrpo.report.registry: the stages, their needs, captions and functions).
+NEEDS: dict[str, dict] = {name: stage.needs for name, stage in STAGES.items()}
 
 
 def stage_one_aliases(setup: dict) -> dict[tuple[str, str], str]:

@@ -48,7 +48,8 @@ DISABLE_ENV = "ESGRPO_NO_JOB_SERVER"
 PRELOAD_MODULES = (
     "esgrpo.workflow.stages.data", "esgrpo.workflow.stages.models", "esgrpo.workflow.stages.training",
     "esgrpo.workflow.stages.evaluation", "esgrpo.workflow.stages.analysis", "esgrpo.workflow.stages.theory",
-    "esgrpo.report.stages", "esgrpo.report.base_table", "esgrpo.es.loop", "esgrpo.es.hf_backend", "esgrpo.grpo.trainer",
+    "esgrpo.report.paper_a", "esgrpo.report.paper_b", "esgrpo.report.figures", "esgrpo.report.claims_stability",
+    "esgrpo.report.base_table", "esgrpo.es.loop", "esgrpo.es.hf_backend", "esgrpo.grpo.trainer",
     "esgrpo.models.warmup", "esgrpo.engines.local", "matplotlib.pyplot",
 )
 PRELOAD_ATTRIBUTES = {  # lazy modules: an attribute access is what imports the real module

@@ -69,17 +69,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import pandas as pd
 import torch
 
-from esgrpo.analysis.cosine import cosine, cosine_by_layer, cosine_by_module_type
-from esgrpo.analysis.drift import MODULE_TYPES, delta, drift_table, float_names, l2, module_type
-from esgrpo.analysis.interpolation import along_direction, interpolate, random_direction_like
-from esgrpo.analysis.kl import per_sequence_kl, sequence_kl_stats, token_kl
+from esgrpo.analysis.cosine import cosine, cosine_rows
+from esgrpo.analysis.drift import delta, drift_table, l2
+from esgrpo.analysis.interpolation import PathStates, interpolation_points
+from esgrpo.analysis.kl import kl_on_samples
 from esgrpo.analysis.settings import DELTA_F64_LIMIT
-from esgrpo.analysis.sparsity import n_kept, reset_module_type, sparsify, top_fraction_mask
+from esgrpo.analysis.sparsity import sparsity_points
 from esgrpo.engines.local import local_engine
 from esgrpo.engines.rollout import HFEngine, prompt_texts
 from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
@@ -202,23 +202,6 @@ def drift_stage(input: dict, output: dict, params: dict, wildcards: dict, thread
 # --------------------------------------------------------------------------- cosine
 
 
-def _key(value) -> str:
-    return "none" if value is None or pd.isna(value) else str(value)
-
-
-def cosine_rows(d_a: Mapping, d_b: Mapping, pair: str) -> list[dict]:
-    """Rows scope/key/cosine/pair/norm_a/norm_b/numel: global, per layer, per module type."""
-    na, nb = l2(d_a), l2(d_b)
-    rows = [{"scope": "global", "key": "all", "cosine": cosine(d_a, d_b), "pair": pair, "norm_a": na, "norm_b": nb,
-             "numel": sum(t.numel() for t in d_a.values())}]
-    for scope, table, column in (("layer", cosine_by_layer(d_a, d_b), "layer"),
-                                 ("module_type", cosine_by_module_type(d_a, d_b), "module_type")):
-        for r in table.to_dict("records"):
-            rows.append({"scope": scope, "key": _key(r[column]), "cosine": r["cosine"], "pair": pair,
-                         "norm_a": r["norm_a"], "norm_b": r["norm_b"], "numel": r["numel"]})
-    return rows
-
-
 def cosine_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
     """Cosine of updates (from the base): ES vs GRPO of one seed, and across seeds when configured.
 
@@ -249,32 +232,6 @@ def cosine_stage(input: dict, output: dict, params: dict, wildcards: dict, threa
 # --------------------------------------------------------------------------- sparsity
 
 
-def module_types_present(theta: Mapping, theta0: Mapping) -> list[str]:
-    """Module types with at least one changed coordinate, in MODULE_TYPES order."""
-    present = set()
-    for name in float_names(theta, theta0):
-        if not torch.equal(theta[name], theta0[name]):
-            present.add(module_type(name))
-    return [t for t in MODULE_TYPES if t in present]
-
-
-def sparsity_points(theta0: Mapping, theta: Mapping, fractions: Iterable[float]):
-    """Yield (row fields, cache key, state) for every sparsified model: top fractions, then module resets."""
-    d = delta(theta, theta0, dtype=_delta_dtype(theta0))
-    changed = n_kept(top_fraction_mask(d, 1.0))
-    for fraction in fractions:
-        fraction = float(fraction)
-        kept = n_kept(top_fraction_mask(d, fraction))
-        key = "theta" if kept == changed else ("theta0" if kept == 0 else ("top", fraction))
-        yield ({"kind": "top_fraction", "keep_fraction": fraction, "module_type": "", "n_kept": kept,
-                "n_changed": changed}, key, lambda f=fraction: sparsify(theta0, theta, f))
-    for mtype in module_types_present(theta, theta0):
-        removed = sum(int((d[n] != 0).sum()) for n in d if module_type(n) == mtype)
-        yield ({"kind": "reset_module", "keep_fraction": math.nan, "module_type": mtype,
-                "n_kept": changed - removed, "n_changed": changed}, ("reset", mtype),
-               lambda m=mtype: reset_module_type(theta0, theta, m))
-
-
 def sparsity_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
     """Eval of the run with only its largest-|delta| coordinates kept, or one module type's update removed,
     on the tasks that measure its training (`params["eval_tasks"]`: the training task, or e.g. MATH-500
@@ -285,10 +242,11 @@ def sparsity_stage(input: dict, output: dict, params: dict, wildcards: dict, thr
     theta = load_params(params["model"])
     tasks = _tasks_data(params["eval_tasks"], input["test"], input["info"], evaluator.limit)
     rows = []
-    points = list(sparsity_points(theta0, theta, params["fractions"]))
+    points = list(sparsity_points(theta0, theta, params["fractions"], _delta_dtype(theta0)))
     eta = Eta(len(points))
-    for i, (fields, key, make_state) in enumerate(points, 1):
-        state = None if key in evaluator.cache else make_state()
+    for i, point in enumerate(points, 1):
+        fields, key = point.fields(), point.key()
+        state = None if key in evaluator.cache else point.state(theta0, theta)
         for eval_task, m in evaluator.metrics(key, state, tasks).items():
             rows.append({**fields, "eval_task": eval_task, **m, "model": wildcards["model"], "task": wildcards["task"],
                          "run": wildcards["run"], "method": params["method"]})
@@ -318,44 +276,6 @@ def base_samples_stage(input: dict, output: dict, params: dict, wildcards: dict,
          f"{out.num_tokens} tokens")
 
 
-@torch.inference_mode()
-def _continuation_logits(model, batch: list[tuple[list[int], list[int]]], pad_id: int):
-    """Raw logits [B, T, V] at the positions predicting each completion token, and the [B, T] mask."""
-    lengths = [len(p) + len(c) for p, c in batch]
-    width = max(lengths)
-    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(batch), width), dtype=torch.long)
-    for b, (p, c) in enumerate(batch):  # right padding: positions of real tokens are 0..len-1
-        ids[b, :lengths[b]] = torch.tensor(p + c)
-        attention[b, :lengths[b]] = 1
-    start = min(len(p) for p, _ in batch) - 1  # logits at t predict token t+1
-    stop = width - 1
-    device = next(model.parameters()).device
-    logits = model(input_ids=ids.to(device), attention_mask=attention.to(device)).logits[:, start:stop]
-    pos = torch.arange(start, stop).unsqueeze(0)
-    first = torch.tensor([len(p) - 1 for p, _ in batch]).unsqueeze(1)
-    last = torch.tensor([len(p) + len(c) - 1 for p, c in batch]).unsqueeze(1)
-    mask = (pos >= first) & (pos < last)
-    return logits.float(), mask.to(logits.device)
-
-
-def kl_on_samples(model_p, model_q, samples: Sequence[Mapping], pad_id: int, batch_size: int = 16) -> dict:
-    """KL(p || q) per completion token on fixed continuations (teacher-forced, full vocabulary),
-    summarised by ``sequence_kl_stats`` (token, prompt and sequence means)."""
-    seqs = [(s["id"], list(s["prompt_ids"]), list(c)) for s in samples for c in s["completion_ids"]]
-    sums, counts, ids = [], [], []
-    for i in range(0, len(seqs), batch_size):
-        chunk = seqs[i:i + batch_size]
-        batch = [(p, c) for _, p, c in chunk]
-        lp, mask = _continuation_logits(model_p, batch, pad_id)
-        lq, _ = _continuation_logits(model_q, batch, pad_id)
-        s, n = per_sequence_kl(token_kl(lp, lq.to(lp.device), mask), mask)
-        sums.append(s.cpu())
-        counts.append(n.cpu())
-        ids += [sid for sid, _, _ in chunk]
-    return sequence_kl_stats(torch.cat(sums), torch.cat(counts), ids)
-
-
 def kl_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
     """Off-task KL drift: KL(base || run) on the base's own continuations, for every task of the model."""
     started = time.time()
@@ -376,53 +296,6 @@ def kl_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: 
 # --------------------------------------------------------------------------- interpolation
 
 
-def _coef_key(c_es: float, c_grpo: float, c_rand: float) -> tuple:
-    return tuple(round(float(c), 10) + 0.0 for c in (c_es, c_grpo, c_rand))
-
-
-def interpolation_points(theta0: Mapping, d_es: Mapping, d_grpo: Mapping, steps: int,
-                         multiples: Sequence[float], random_seed: int):
-    """Yield (path, lam, step, cache key, make_state) for every point of the paths and scans.
-
-    - ``es-grpo``: theta0 + (1-lam) dES + lam dGRPO, lam in linspace(0, 1, steps);
-    - ``base-es`` / ``base-grpo``: theta0 + lam d, same lams;
-    - ``dir-es`` / ``dir-grpo`` / ``dir-random``: theta0 + s * d / ||d|| with s = lam * ||dES|| for
-      lam in `multiples` (all three directions travel the same distances, those of the ES update;
-      the random direction is Gaussian, seeded per tensor by `random_seed`).
-    ``step`` is the point's L2 distance from theta0 (signed for the scans). The cache key is the
-    point's coefficients on (dES, dGRPO, random), so coinciding points are evaluated once.
-    """
-    n_es, n_grpo = l2(d_es), l2(d_grpo)
-    dot = sum(float((d_es[k].double() * d_grpo[k].double()).sum()) for k in d_es)
-    lams = [i / (steps - 1) for i in range(steps)] if steps > 1 else [0.0]
-    for lam in lams:
-        dist = math.sqrt(max(0.0, (1 - lam) ** 2 * n_es ** 2 + lam ** 2 * n_grpo ** 2 + 2 * lam * (1 - lam) * dot))
-        yield "es-grpo", lam, dist, _coef_key(1 - lam, lam, 0), lambda lam=lam: interpolate(theta0, d_es, d_grpo, lam)
-    for path, d, norm, which in (("base-es", d_es, n_es, 0), ("base-grpo", d_grpo, n_grpo, 1)):
-        for lam in lams:
-            coefs = [0.0, 0.0, 0.0]
-            coefs[which] = lam
-            make = (lambda: dict(theta0)) if lam == 0 or norm == 0 else \
-                (lambda d=d, s=lam * norm: along_direction(theta0, d, s))
-            yield path, lam, lam * norm, _coef_key(*coefs), make
-    if n_es == 0:
-        _log("interpolation: the ES update is zero; no direction scans")
-        return
-    directions = [("dir-es", d_es, n_es, 0), ("dir-grpo", d_grpo, n_grpo, 1)]
-    random = random_direction_like(d_es, random_seed, dtype=next(iter(d_es.values())).dtype)
-    directions.append(("dir-random", random, 1.0, 2))
-    for path, d, norm, which in directions:
-        if norm == 0:
-            _log(f"interpolation: {path} has zero norm; skipped")
-            continue
-        for m in multiples:
-            s = float(m) * n_es
-            coefs = [0.0, 0.0, 0.0]
-            coefs[which] = s / norm
-            make = (lambda: dict(theta0)) if s == 0 else (lambda d=d, s=s: along_direction(theta0, d, s))
-            yield path, float(m), s, _coef_key(*coefs), make
-
-
 def interpolation_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
     """Accuracy along ES<->GRPO interpolation, base->update paths and normalised direction scans, on every task."""
     started = time.time()
@@ -433,15 +306,18 @@ def interpolation_stage(input: dict, output: dict, params: dict, wildcards: dict
     d_grpo = delta(load_params(params["grpo_model"]), theta0, dtype=dtype)
     tasks = _tasks_data(params["eval_tasks"], input["test"], input["info"], evaluator.limit)
     rows = []
-    points = list(interpolation_points(theta0, d_es, d_grpo, int(params["steps"]), params["multiples"],
-                                       int(params["random_seed"])))
+    states = PathStates(theta0, d_es, d_grpo, int(params["random_seed"]))
+    if states.norm_es == 0:
+        _log("interpolation: the ES update is zero; no direction scans")
+    points = list(interpolation_points(states, int(params["steps"]), params["multiples"]))
     eta = Eta(len(points))
-    for i, (path, lam, step, key, make) in enumerate(points, 1):
-        metrics = evaluator.metrics(key, None if key in evaluator.cache else make(), tasks)
+    for i, point in enumerate(points, 1):
+        key = point.key
+        metrics = evaluator.metrics(key, None if key in evaluator.cache else states.state(point), tasks)
         for task, m in metrics.items():
-            rows.append({"path": path, "lam": lam, "step": step, "eval_task": task, **m,
+            rows.append({"path": point.path, "lam": point.lam, "step": point.step, "eval_task": task, **m,
                          "model": wildcards["model"], "task": wildcards["task"], "seed": int(wildcards["seed"])})
-        _log(f"{path} lam {lam:.3f} step {step:.4g}: " + ", ".join(
+        _log(f"{point.path} lam {point.lam:.3f} step {point.step:.4g}: " + ", ".join(
             f"{t} {m['greedy']:.3f}/{m['mean@n']:.3f}" for t, m in metrics.items())
              + f" [point {i}/{len(points)}, {eta(i)}]")
     df = pd.DataFrame(rows, columns=INTERPOLATION_COLUMNS)

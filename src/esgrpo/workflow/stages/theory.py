@@ -21,7 +21,7 @@ THEORY_COLUMNS = ["iteration", "updates", "distance", "sq_distance", "theory_sq"
 
 def _es_settings(summary: Mapping) -> dict:
     settings = ((summary.get("provenance") or {}).get("config") or {}).get("settings")
-    return dict(settings or summary.get("config") or {})
+    return dict(settings or summary.get("settings") or {})
 
 
 def theory_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:

@@ -13,6 +13,7 @@ from esgrpo.io import atomic_directory, read_json, read_jsonl, write_json, write
 from esgrpo.live import live_settings
 from esgrpo.models.loading import load_model
 from esgrpo.provenance import provenance
+from esgrpo.run_record import RunSummary
 from esgrpo.tasks.rewards import reward
 from esgrpo.workflow.progress_store import ProgressStore
 from esgrpo.workflow.stages.data import load_rows
@@ -42,18 +43,24 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
 
             # The folder's writer lock before the engines start: a held folder stops the job in seconds.
             with WriterLock(progress_dir):
+                in_place = cfg.arithmetic != "exact"  # a paper's arithmetic (esgrpo.es.arithmetic)
                 if params.get("es_backend", "hf") == "vllm":
-                    backend = vllm_backend(params["init_model"], rows, cfg, reward_fn, params.get("es_engine") or {})
+                    engine = params.get("es_engine") or {}
+                    # one engine: with no master, several engines' inexact restores would drift apart
+                    backend = vllm_backend(params["init_model"], rows, cfg, reward_fn,
+                                           {**engine, "num_engines": 1} if in_place else engine)
                 else:
                     from esgrpo.engines.panel_matmul import kernel_name
                     from esgrpo.es.hf_backend import HFESBackend, make_population_evaluator
 
                     dtype = params.get("dtype", "float32")
+                    if in_place and dtype == "float32":  # what the papers' arithmetic rounds to: a bf16 copy
+                        dtype = "bfloat16"
                     model, tokenizer = load_model(params["init_model"], dtype=dtype)
                     # Below fp32 the loaded weights are rounded: theta0 comes from the checkpoint's own tensors.
                     backend = HFESBackend(model, tokenizer, make_population_evaluator(model, tokenizer, reward_fn),
                                           master_from=None if dtype == "float32" else params["init_model"])
-                summary = train_es(backend, rows, cfg, out_dir, progress_dir, live=live)
+                summary = train_es(backend, rows, cfg, out_dir, progress_dir, live=live).to_dict()
                 if params.get("es_backend", "hf") != "vllm":  # the population engine's matmul: kernels round differently
                     summary["member_matmul"] = kernel_name(next(model.parameters()).device)
         elif method == "grpo":
@@ -64,11 +71,11 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
                 from esgrpo.grpo.launch import launch_grpo as train_grpo
             else:
                 from esgrpo.grpo.trainer import train_grpo
-            summary = train_grpo(params["init_model"], rows, verifier, grpo, out_dir, progress_dir, live=live)
+            summary = train_grpo(params["init_model"], rows, verifier, grpo, out_dir, progress_dir, live=live).to_dict()
         else:
             raise ValueError(f"run {wildcards['run']}: unknown method {method!r}; allowed: es, grpo")
-    write_json(output["summary"], {**summary, "method": method, "init_model": params["init_model"],
-                                   "labels": params.get("labels", {}),
+    # the one writer of a run's summary.json: the trainer's record and what the workflow knows
+    write_json(output["summary"], {**summary, "init_model": params["init_model"], "labels": params.get("labels", {}),
                                    "provenance": provenance(params, settings.get("seed"))})
 
 
@@ -112,9 +119,7 @@ def export_snapshot(input: dict, output: dict, params: dict, wildcards: dict, th
     write_json(output["summary"], {
         "method": "es", **record, "iterations": k, "snapshot_of": parent,
         "init_model": read_json(input["summary"]).get("init_model"),
-        "final_fitness_mean": metrics[-1]["fitness_mean"],
-        "best_fitness_mean": max(m["fitness_mean"] for m in metrics),
-        "config": params["settings"], "labels": params.get("labels", {}),
+        **RunSummary.fitness(metrics), "settings": params["settings"], "labels": params.get("labels", {}),
         "provenance": provenance(params, params["settings"].get("seed"))})
 
 
