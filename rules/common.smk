@@ -584,7 +584,7 @@ def arithmetic_eval_targets():
         f"{run_dir(m, t, r)}/eval.json"
         for m in MODELS
         for t, r in planned_runs(config, m)
-        if run_spec(config, t, r).settings.get("arithmetic", "exact") != "exact"
+        if run_spec(config, m, t, r).settings.get("arithmetic", "exact") != "exact"
     ]
 
 

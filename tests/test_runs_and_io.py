@@ -65,20 +65,20 @@ def test_low_rank_names_set_the_noise_and_full_rank_names_add_no_setting(config)
 def test_arithmetic_names_set_a_papers_seeding_and_arithmetic_and_are_planned_at_the_main_population(config):
     """es.ablations.arithmetic: each paper's seeding with its own in-place arithmetic, full-rank whatever the
     main runs' noise; the main runs keep the exact arithmetic (no key: their Snakemake params unchanged)."""
-    spec = run_spec(config, "countdown3", "es-n16-arith_paper_a-s0")
+    spec = run_spec(config, "tiny", "countdown3", "es-n16-arith_paper_a-s0")
     assert {k: spec.settings[k] for k in ("noise_seeding", "arithmetic")} == {
         "noise_seeding": "paper_a", "arithmetic": "inplace_sequential"}
     assert spec.labels["arithmetic"] == "paper_a"
-    spec_b = run_spec(config, "countdown3", "es-n16-arith_paper_b-s0")
+    spec_b = run_spec(config, "tiny", "countdown3", "es-n16-arith_paper_b-s0")
     assert (spec_b.settings["noise_seeding"], spec_b.settings["arithmetic"]) == ("paper_b", "inplace_summed")
-    assert "arithmetic" not in run_spec(config, "countdown3", "es-n16-s0").settings
+    assert "arithmetic" not in run_spec(config, "tiny", "countdown3", "es-n16-s0").settings
     config["es"]["ablations"].update(arithmetic=["paper_a", "paper_b"], seeds=[0, 1])
     runs = planned_runs(config, "tiny")
     assert [r for t, r in runs if "arith" in r] == ["es-n16-arith_paper_a-s0", "es-n16-arith_paper_a-s1",
                                                      "es-n16-arith_paper_b-s0", "es-n16-arith_paper_b-s1"]
     assert all(t == config["es"]["ablations"]["task"] for t, r in runs if "arith" in r)
     config["es"]["settings"].update(noise="lowrank", rank=2)
-    assert run_spec(config, "countdown3", "es-n16-arith_paper_b-s0").settings["noise"] == "full"
+    assert run_spec(config, "tiny", "countdown3", "es-n16-arith_paper_b-s0").settings["noise"] == "full"
     with pytest.raises(ValueError, match="not a run name"):
         parse_run_name("es-n16-arith_paper_c-s0")
 
