@@ -924,3 +924,16 @@ def test_es_arithmetic_table_puts_each_papers_arithmetic_beside_the_exact_one(tm
     assert cell["test greedy accuracy", ARITHMETIC_LABELS["exact"]] == 1.0
     assert cell["test greedy accuracy", ARITHMETIC_LABELS["paper_a"]] < 1.0
     assert "exact (fp32 master)" in Path(out["md"]).read_text()
+    # the drift claim judged with each arithmetic's runs in the main ES runs' place: ES/GRPO 20x exact, 60x in place
+    from esgrpo.report.arithmetic import claim_verdicts
+
+    data = loading.StageInputs(planning.paper_inputs(CONFIG, "es_arithmetic", analysis, results=str(tmp_path / "results")),
+                               {**planning.paper_setup(CONFIG), "wanted": registry.STAGES["es_arithmetic"].needs})
+    verdicts = claim_verdicts(data).set_index(["id", "arithmetic"])
+    for key, label in ARITHMETIC_LABELS.items():
+        drift = ARITHMETIC_DRIFT if key != "exact" else 1.0
+        assert verdicts.loc[("b_drift_ratio", label), "estimate"] == pytest.approx(drift / 0.05)
+        assert verdicts.loc[("b_drift_ratio", label), "verdict"] == "holds"
+        assert verdicts.loc[("a_norm_theory", label), "estimate"] == pytest.approx(drift ** 2 * 1.02)
+    assert "Claim b_drift_ratio" in Path(out["md"]).read_text() and "Survives exact arithmetic: yes" in Path(
+        out["md"]).read_text()

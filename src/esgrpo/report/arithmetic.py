@@ -14,11 +14,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from esgrpo.report.claim_estimates import drift_claims, theory_claim
+from esgrpo.report.claims import CLAIMS, claims_table
 from esgrpo.report.frames import drift_norms
 from esgrpo.report.loading import StageInputs, run_labels
 from esgrpo.report.registry import table_caption
 from esgrpo.report.stats import ci_prompts, ci_values, ratio_ci, stat
-from esgrpo.report.writing import order_rows, write_long_table
+from esgrpo.report.writing import fmt_ci, order_rows, write_long_table
 from esgrpo.runs import ARITHMETIC_VARIANTS, parse_run_name
 
 ARITHMETIC_LABELS = {"exact": "exact (fp32 master)",
@@ -77,6 +79,43 @@ def _drift_rows(drift: pd.DataFrame, cells: set[tuple[str, str, int]]) -> list[d
     return rows
 
 
+# The geometry claims the arithmetic runs' analyses measure (norm theory, drift): each is judged with the
+# runs of one arithmetic in the main ES runs' place (`claim_verdicts`).
+ARITHMETIC_CLAIMS = ("a_norm_theory", "b_drift_ratio")
+
+
+def _as_main(frame: pd.DataFrame, arithmetic: str, task: str, seeds: set[int]) -> pd.DataFrame:
+    """An analysis frame with the runs of `arithmetic` (on `task`, seeds `seeds`) as the main ES runs and
+    the main GRPO runs of those seeds; every other run dropped."""
+    if frame.empty:
+        return frame
+    own = frame[(frame["task"] == task) & frame["seed"].isin(seeds)]
+    es = own[own["run_kind"].isin(["es", "es_arith"]) & (own["run"].map(arithmetic_of) == arithmetic)]
+    return pd.concat([es.assign(run_kind="es"), own[own["run_kind"] == "grpo"]], ignore_index=True)
+
+
+def claim_verdicts(data: StageInputs) -> pd.DataFrame:
+    """ARITHMETIC_CLAIMS judged per arithmetic on the ablation task and the seeds of the papers' arithmetic
+    runs (the claims table's estimators and verdicts); `survives`: the exact arithmetic's verdict."""
+    metrics, task = data.metrics, data.setup.get("ablation_task")
+    if metrics.empty or task is None:
+        return pd.DataFrame()
+    seeds = set(metrics.loc[metrics["kind"] == "es_arith", "seed"])
+    if not seeds:
+        return pd.DataFrame()
+    claims = {c.id: c for c in CLAIMS}
+    rows = []
+    for arithmetic, label in ARITHMETIC_LABELS.items():
+        view = StageInputs({}, data.setup)
+        for analysis in ("drift", "theory"):  # StageInputs' cache, filled with the arithmetic's view
+            view.__dict__[analysis] = _as_main(data.analysis(analysis), arithmetic, task, seeds)
+        estimates = {**drift_claims(view), **theory_claim(view)}
+        rows += [{"claim": claims[cid], "arithmetic": label, **estimates[cid]} for cid in ARITHMETIC_CLAIMS]
+    table = claims_table(rows)
+    table.loc[table["status"] != "measured", "verdict"] = table["status"]
+    return table[["id", "statement", "arithmetic", "estimate", "lo", "hi", "verdict"]]
+
+
 def build_es_arithmetic(data: StageInputs) -> pd.DataFrame:
     cells = _cells(data)
     if not cells:
@@ -110,7 +149,21 @@ def build_es_arithmetic(data: StageInputs) -> pd.DataFrame:
     return long.assign(metric=long["metric"].astype(str))
 
 
+def verdict_notes(verdicts: pd.DataFrame) -> list[str]:
+    """One line per claim: its verdict under each arithmetic, and whether the finding survives the exact one."""
+    notes = []
+    for cid, g in verdicts.groupby("id", sort=False):
+        cells = [f"{r.arithmetic}: {r.verdict} ({fmt_ci(r.estimate, r.lo, r.hi)})" for r in g.itertuples()]
+        exact = g.loc[g["arithmetic"] == ARITHMETIC_LABELS["exact"], "verdict"].iloc[0]
+        survives = {"holds": "yes", "does not hold": "no"}.get(exact, exact)
+        notes.append(f"Claim {cid} ({g['statement'].iloc[0]}): " + "; ".join(cells)
+                     + f". Survives exact arithmetic: {survives}.")
+    return notes
+
+
 def table_es_arithmetic(data: StageInputs, output: dict) -> None:
+    verdicts = claim_verdicts(data)
     write_long_table(output, table_caption("es_arithmetic", **data.setup), build_es_arithmetic(data),
                      "no run of a paper's arithmetic (es.ablations.arithmetic) in this config",
-                     ["model", "task", "metric"], columns="arithmetic", order=list(ARITHMETIC_LABELS.values()))
+                     ["model", "task", "metric"], columns="arithmetic", order=list(ARITHMETIC_LABELS.values()),
+                     notes=verdict_notes(verdicts) if not verdicts.empty else ())

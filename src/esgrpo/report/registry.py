@@ -233,7 +233,10 @@ _CLAIMS.append(
                 "does not measure them). Drift (the drift analysis, from the base model): ES/GRPO ratio of "
                 "relative L2 per shared seed against the main GRPO runs (paper B: 44.1x), and the norm "
                 "layers' share of ES's squared update; on an fp32 model the papers' runs start from its bf16 "
-                "copy, so their drift includes that rounding.")))
+                "copy, so their drift includes that rounding. The notes judge the norm-theory and drift "
+                "claims with each arithmetic's runs in the main ES runs' place (the claims table's "
+                "estimators, on these seeds and this task) and say whether each survives the exact "
+                "arithmetic.")))
 
 STAGES: dict[str, PaperStage] = {s.name: s for s in [*_PAPER_STAGES, *_CLAIMS]}
 
