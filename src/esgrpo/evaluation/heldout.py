@@ -272,7 +272,7 @@ def evaluate_heldout(input: dict, output: dict, params: dict, wildcards: dict, t
     """The workflow stage: one benchmark on one checkpoint -> output["summary"], output["prompts"]."""
     from importlib import metadata
 
-    from esgrpo.io import write_json, write_jsonl
+    from esgrpo.files import write_json, write_jsonl
     from esgrpo.provenance import provenance
 
     settings = params["settings"]
