@@ -443,7 +443,7 @@ def test_train_run_launches_several_processes_through_accelerate(tmp_path, monke
                           generated_tokens=40, seconds=1.0, resumed_from=None, settings=settings.to_dict())
 
     monkeypatch.setattr(grpo_launch, "launch_grpo", launch)
-    monkeypatch.setenv("ESGRPO_LIVE", json.dumps({"report_to": ["tensorboard"], "root": "tb"}))  # rules/common.smk
+    monkeypatch.setenv("ESGRPO_LIVE", json.dumps({"report_to": ["tensorboard"], "root": "tb"}))  # rules/config.smk
     settings = {**small_settings().to_dict(), "num_processes": 2, "sharding": "fsdp"}
     train_run({"train": str(tmp_path / "train.jsonl"), "info": str(tmp_path / "info.json")},
               {"summary": str(tmp_path / "run" / "summary.json")},

@@ -208,7 +208,7 @@ def analysis_job(config: dict[str, Any], record: AnalysisJob, arch: Architecture
         # rehearsal's drift of a main run measured 1.32 GiB PSS against 2.0 GiB planned
         if kind == "drift":
             copies = 2 if run_spec(config, model, task, name).init is None else 3
-        elif kind == "cosine":  # named by its seed: the deltas of its pairs' runs (rules/common.smk,
+        elif kind == "cosine":  # named by its seed: the deltas of its pairs' runs (rules/inputs.smk,
             seed = int(name.removeprefix("s"))  # analysis_cosine_pairs): ES and GRPO, and the next seed's of each
             copies = 2 + sum(next_seed(config, method, seed) is not None for method in ("es", "grpo"))
         else:  # theory: metrics files only

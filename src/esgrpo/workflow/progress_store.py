@@ -11,7 +11,7 @@ would stay on the node or pod that ran the killed job. So the training job mirro
   `<name>.stored` is stored after its files, and removes the checkpoints the trainer removed. A checkpoint fetched is one whose marker is there: a job
   killed while storing leaves a checkpoint without marker, never a partial one that a resume would read.
 
-rules/common.smk names the provider and the prefix at parse time (ENV); the job reads the provider's settings
+rules/config.smk names the provider and the prefix at parse time (ENV); the job reads the provider's settings
 (endpoint, keys) from the environment variables Snakemake's storage plugins read (SNAKEMAKE_STORAGE_S3_*, ...).
 """
 
