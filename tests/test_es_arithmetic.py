@@ -264,3 +264,41 @@ def test_sigkill_then_resume_in_place_gives_identical_weights(tmp_path, variant)
     for a, b in zip(rows, ref_rows, strict=True):
         for k in ("fitness_mean", "update_norm", "distance_from_init"):
             assert a[k] == b[k], k
+
+
+@pytest.mark.parametrize("variant", ["paper_a/inplace_sequential", "paper_b/inplace_summed", "paper_b/exact"])
+def test_step_agreement_is_the_weights_step_against_the_fp32_sum(expected, variant, tmp_path):
+    """metrics.jsonl's step_cosine and changed_share (esgrpo.distance.StepAgreement): one iteration's change of
+    the weights (the restores' drift included) against the fp32 sum of coefficients times noise, recomputed here
+    in numpy from the weights before and after. Exact arithmetic takes the intended step to float32 rounding;
+    in place in bf16 it does not."""
+    import dataclasses
+
+    from esgrpo.es.ops import normalize_fitness
+
+    cfg = dataclasses.replace(script_config(expected, variant), iterations=1)
+    backend = HFESBackend(bf16_model(expected["initial"]), None, fixed_fitness(expected["fitness"]))
+    summary = train_es(backend, ROWS, cfg, tmp_path / "o", tmp_path / "p", log=lambda s: None)
+    row = read_jsonl(tmp_path / "o" / "metrics.jsonl")[0]
+
+    seeds_signs = member_seeds(cfg.seed, 0, cfg.population_size, cfg.antithetic)
+    weights = normalize_fitness(expected["fitness"][0], cfg.normalization, cfg.unit_rms_weights)
+    dot = applied_sq = intended_sq = changed = elements = 0.0
+    for name, start in expected["initial"].items():
+        intended = sum(cfg.alpha / len(seeds_signs) * w * sign
+                       * backend.noise.draw(seed, name, start.shape, start.device).double().numpy()
+                       for (seed, sign), w in zip(seeds_signs, weights, strict=True))
+        applied = backend.theta[name].double().numpy() - start.double().numpy()
+        dot += float((applied * intended).sum())
+        applied_sq += float((applied ** 2).sum())
+        intended_sq += float((intended ** 2).sum())
+        changed += int(np.count_nonzero(applied))
+        elements += applied.size
+    cosine = dot / np.sqrt(applied_sq * intended_sq)
+    assert row["step_cosine"] == pytest.approx(cosine, rel=1e-9, abs=1e-12)
+    assert row["changed_share"] == changed / elements
+    assert summary.extra["step_cosine_mean"] == row["step_cosine"]
+    if variant.endswith("exact"):
+        assert cosine > 1 - 1e-9
+    else:  # bf16 rounding of the members' restores and the update: visibly not the intended step
+        assert cosine < 0.999 and changed / elements < 0.99

@@ -20,6 +20,7 @@ from esgrpo.analysis.jobs import AnalysisJob
 from esgrpo.analysis.settings import ANALYSES
 from esgrpo.config import judged_on, model_eval_tasks
 from esgrpo.report import claim_estimates, frames, loading, planning, registry, stats
+from esgrpo.report.arithmetic import ARITHMETIC_LABELS, arithmetic_of
 from esgrpo.report.claims import CLAIMS, VERDICTS, Claim, claims_table, verdict
 from esgrpo.runs import es_name, planned_runs
 
@@ -29,7 +30,7 @@ CONFIG = {
     "eval": {"n_samples": 8, "ks": [1, 2, 4, 8]},
     "es": {"population_sizes": [4], "seeds": [0, 1], "settings": {},
            "ablations": {"task": "countdown3", "population_sizes": [2, 8], "normalization": ["rank", "none"],
-                         "antithetic": True, "ranks": [1, 4]}},
+                         "antithetic": True, "ranks": [1, 4], "arithmetic": ["paper_a", "paper_b"]}},
     "grpo": {"group_sizes": [4], "seeds": [0, 1], "settings": {}},
     "sequential": {"task": "countdown3", "continual": ["countdown3", "sum_yesno"],
                    "continual_methods": ["es", "grpo"]},
@@ -44,6 +45,11 @@ FINAL_WINDOW = 3
 # low-rank ablation runs (kind es_rank) by noise rank: a success probability, or "main" for a copy of the
 # full-rank main run's prompts of the same seed (no difference at all); a rank not listed: ES's 0.45
 LOWRANK_SUCCESS: dict = {}
+# metrics.jsonl's step agreement (esgrpo.distance.StepAgreement) by arithmetic; the papers' runs drift 3x further
+ARITHMETIC_AGREEMENT = {"exact": {"step_cosine": 1.0, "changed_share": 1.0},
+                        "paper_a": {"step_cosine": 0.6, "changed_share": 0.4},
+                        "paper_b": {"step_cosine": 0.8, "changed_share": 0.7}}
+ARITHMETIC_DRIFT = 3.0
 
 
 def _success(kind: str, on_task: bool, i: int, grpo_sharp: bool) -> float:
@@ -98,7 +104,7 @@ def _metrics_rows(run, kind, rng):
                          "distance_from_init": 0.1 * math.sqrt(t), "rollouts": int(n) * 16 * t,
                          "generated_tokens": int(n) * 16 * 20 * t, "seconds": t,
                          "entropy": 1.0 + 0.01 * rng.standard_normal(), "js_diversity": 0.02 + 0.01 * rng.random(),
-                         "skipped": False})
+                         "skipped": False, **ARITHMETIC_AGREEMENT.get(arithmetic_of(run), {})})
     return rows
 
 
@@ -135,16 +141,17 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
             written[(model, task, run)] = rows
             jsonl(d / "eval_prompts.jsonl", rows)
             jsonl(d / "metrics.jsonl", _metrics_rows(run, kind, rng))
-            scale = 0.05 if "grpo" in kind.split("->")[-1] else 1.0
+            scale = 0.05 if "grpo" in kind.split("->")[-1] else ARITHMETIC_DRIFT if kind == "es_arith" else 1.0
             stage = loading.run_labels(run)["stage"]
             scale *= math.sqrt(stage) if not math.isnan(stage) else 1.0
             csv(model, "drift", task, run,
                 [{"model": model, "task": task, "run": run, "method": "es", "name": name, "module_type": mt,
                   "layer": 0, "numel": 100, "l2": scale * (2.0 if mt == "norm" else 1.0), "base_l2": 10.0,
                   "init_l2": scale} for name, mt in MODULES.items()])
-            if kind in registry.ES_KINDS | {"cl_es"}:  # every run trained by ES (rules/inputs.smk)
+            if kind in registry.ES_KINDS | {"cl_es", "es_arith"}:  # every run trained by ES (rules/inputs.smk)
+                sq = 0.0102 * (ARITHMETIC_DRIFT if kind == "es_arith" else 1.0) ** 2
                 csv(model, "theory", task, run,
-                    [{"iteration": t, "updates": t, "distance": math.sqrt(0.0102 * t), "sq_distance": 0.0102 * t,
+                    [{"iteration": t, "updates": t, "distance": math.sqrt(sq * t), "sq_distance": sq * t,
                       "theory_sq": 0.01 * t} for t in range(1, 11)])
             if kind in ("es", "grpo"):
                 gain = 0.15 if kind == "es" else 0.3
@@ -229,11 +236,13 @@ def test_run_names_classify_and_carry_their_seed():
     assert planning.run_kind("es-n16-s0", 16, 8, 4) == "es_rank" and planning.run_kind("es-n4-r4-s0", 16, 8, 4) == "es_pop"
     assert loading.run_labels("es-n16-r4-s0")["noise_rank"] == 4 and math.isnan(loading.run_labels("es-n16-s0")["noise_rank"])
     assert loading.variant_of("es-n16-r4-s1") == "es-n16-r4"
-    # a paper's arithmetic (es.ablations.arithmetic) is a kind of its own, in no table yet, whatever the main noise
+    # a paper's arithmetic (es.ablations.arithmetic) is a kind of its own, whatever the main noise, read by the
+    # ES arithmetic table only
     assert planning.run_kind("es-n16-arith_paper_a-s0", 16, 8) == "es_arith" == planning.run_kind(
         "es-n16-arith_paper_b-s0", 16, 8, 4)
     assert loading.variant_of("es-n16-arith_paper_b-s0") == "es-n16-arith_paper_b"
-    assert not any("es_arith" in kinds for needs in planning.NEEDS.values() for kinds in needs.values())
+    assert [name for name, needs in planning.NEEDS.items()
+            if any("es_arith" in kinds for kinds in needs.values())] == ["es_arithmetic"]
     assert planning.method_of("es-n16-it100-s2", "es_snap") == "ES (100 it)" and planning.method_of("x", "es") == "ES"
     assert loading.variant_of("es-n16-it100-s2") == "es-n16-it100"
 
@@ -324,7 +333,7 @@ def test_registry_runs_every_planned_stage():
     report page, and (a table) its caption; the claims read what every paper table reads."""
     import inspect
 
-    assert registry.stage_names("Claims") == ["claims", "claims_stability"]
+    assert registry.stage_names("Claims") == ["claims", "claims_stability", "es_arithmetic"]
     assert len(registry.stage_names("Paper A", "table")) == 5 and len(registry.stage_names("Paper B", "table")) == 8
     for name, stage in registry.STAGES.items():
         function = registry.stage_function(name)
@@ -893,3 +902,25 @@ def test_geometry_pairs_claims_tests_and_counts_read_as_they_say(synthetic):
     assert "~=0" not in claims_md and "within 0 ± 0.02" in claims_md
     population = Path(build(root, "b_population", analysis)["md"]).read_text()
     assert "| 1280 " in population and "1280.000" not in population
+
+
+def test_es_arithmetic_table_puts_each_papers_arithmetic_beside_the_exact_one(tmp_path):
+    """On the ablation task at the main population: the exact main runs and each paper's in-place runs, seed for
+    seed; the agreement columns are metrics.jsonl's means, the distance ratio the theory analysis's final row."""
+    analysis = make_results(tmp_path)
+    out = build(tmp_path, "es_arithmetic", analysis)
+    table = pd.read_csv(out["csv"])
+    assert set(table["task"]) == {"countdown3"} and set(table["arithmetic"]) == set(ARITHMETIC_LABELS.values())
+    assert (table["n_seeds"] == 2).all() and len(table) == 6 * 3
+    cell = table.set_index(["metric", "arithmetic"])["value"]
+    for key, label in ARITHMETIC_LABELS.items():
+        assert cell["step cosine with the intended step", label] == ARITHMETIC_AGREEMENT[key]["step_cosine"]
+        assert cell["share of coordinates changed per update", label] == ARITHMETIC_AGREEMENT[key]["changed_share"]
+        drift = ARITHMETIC_DRIFT if key != "exact" else 1.0
+        assert cell["distance / theory (final)", label] == pytest.approx(drift * math.sqrt(1.02))
+        assert cell["ES/GRPO drift ratio (relative L2)", label] == pytest.approx(drift / 0.05)
+        assert cell["norm layers' share of the squared update", label] == pytest.approx(4 / 7)
+    # the exact runs' accuracy is the main ES runs' (greedy right on every own-task prompt); the papers' are others
+    assert cell["test greedy accuracy", ARITHMETIC_LABELS["exact"]] == 1.0
+    assert cell["test greedy accuracy", ARITHMETIC_LABELS["paper_a"]] < 1.0
+    assert "exact (fp32 master)" in Path(out["md"]).read_text()

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from torch import Tensor
 
-__all__ = ["NORM_CHUNK_ELEMENTS", "distance", "squared_norm"]
+__all__ = ["NORM_CHUNK_ELEMENTS", "StepAgreement", "distance", "squared_norm"]
 
 # Elements of one tensor that a float64 norm takes at a time: a 4M-element chunk's float64 copy and
 # square are 64 MiB, where a whole Qwen3-4B embedding's (389M elements) were 5.8 GiB beside the engine.
@@ -52,3 +53,46 @@ def squared_norm(tensor: Tensor, minus: Tensor | None = None, chunk: int = NORM_
 def distance(theta: Mapping[str, Tensor], reference: Mapping[str, Tensor]) -> float:
     """``||theta - reference||_2`` over the tensors of `theta` (each in `reference` under its name)."""
     return math.sqrt(sum(squared_norm(value, reference[name]) for name, value in theta.items()))
+
+
+@dataclass
+class StepAgreement:
+    """The step the weights took against the step ES meant, summed tensor by tensor: their cosine and the
+    share of coordinates that changed. These tell rounding from learning: with the exact arithmetic the
+    applied step is the intended one up to float32 rounding of ``theta + step`` (a cosine of 1 to about
+    seven digits); in place in bf16, steps below half a weight's spacing are lost and the restores drift.
+
+    applied: ``theta_{t+1} - theta_t`` as the weights hold it; intended: the fp32 sum of the members'
+    coefficients times their noise (`esgrpo.es.ops.apply_update`). Both are read a quarter of a norm chunk
+    at a time in float64, so the working set stays within the update's (`esgrpo.plan.memory.es_tensor_bytes`).
+    """
+
+    dot: float = 0.0
+    applied_sq: float = 0.0
+    intended_sq: float = 0.0
+    changed: int = 0
+    elements: int = 0
+
+    def add(self, applied: Tensor, intended: Tensor, chunk: int = NORM_CHUNK_ELEMENTS // 4) -> None:
+        """Count one tensor's (or one piece's) applied and intended steps."""
+        import torch
+
+        with torch.no_grad():
+            a_flat, i_flat = applied.detach().reshape(-1), intended.detach().reshape(-1)
+            if a_flat.numel() != i_flat.numel():
+                raise ValueError(f"shape mismatch: {tuple(applied.shape)} vs {tuple(intended.shape)}")
+            for start in range(0, a_flat.numel(), chunk):
+                a = a_flat[start:start + chunk].double()
+                i = i_flat[start:start + chunk].to(a.device).double()
+                self.dot += float(torch.dot(a, i))
+                self.applied_sq += float(torch.dot(a, a))
+                self.intended_sq += float(torch.dot(i, i))
+                self.changed += int(torch.count_nonzero(a))
+            self.elements += a_flat.numel()
+
+    def to_dict(self) -> dict[str, float]:
+        """{"step_cosine": cos(applied, intended), "changed_share": changed coordinates / all}; NaN where
+        a step is zero."""
+        norms = math.sqrt(self.applied_sq * self.intended_sq)
+        return {"step_cosine": self.dot / norms if norms > 0 else math.nan,
+                "changed_share": self.changed / self.elements if self.elements else math.nan}

@@ -66,8 +66,9 @@ def analysis_jobs(config: dict, results: str) -> list[AnalysisJob]:
                                rule_wildcards(model=model, task=task, **(wildcards or {"run": run})))
 
         runs, main = planned_runs(config, model), main_runs(config, model)
-        if "drift" in wanted:  # what the drift tables read: main runs and the continual stages
-            jobs += [job("drift", t, r, ".csv") for t, r in runs if (t, r) in main or r.startswith("cl_")]
+        if "drift" in wanted:  # what the drift tables read: main runs, the continual stages, the papers' arithmetic
+            jobs += [job("drift", t, r, ".csv") for t, r in runs
+                     if (t, r) in main or r.startswith("cl_") or "-arith_" in r]
         if "theory" in wanted:
             jobs += [job("theory", t, r, ".csv", ".json") for t, r in runs
                      if run_spec(config, model, t, r).method == "es"]

@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from esgrpo.distance import squared_norm
+from esgrpo.distance import StepAgreement, squared_norm
 from esgrpo.noise import Noise, Population
 
 __all__ = ["DrawOf", "IN_PLACE", "InPlacePopulation", "apply_update_in_place", "perturbation"]
@@ -128,13 +128,17 @@ class InPlacePopulation(Population):
 @torch.no_grad()
 def apply_update_in_place(weights: Mapping[str, Tensor], seeds_signs: Sequence[tuple[int, float]],
                           fitness_weights: Sequence[float] | np.ndarray, alpha: float, noise: Noise,
-                          arithmetic: str, draw_of: DrawOf | None = None) -> float:
+                          arithmetic: str, draw_of: DrawOf | None = None,
+                          agreement: StepAgreement | None = None,
+                          start: Mapping[str, Tensor] | None = None) -> float:
     """The update added into `weights` (in their dtype, in place); returns ||applied step|| (float64).
 
     The coefficient of member n is ``(alpha / N) * (w_n * sign_n)`` in float64, as both papers compute
     theirs. "inplace_sequential": per tensor, member by member, ``weights += cast(c_n * eps_n)`` (the product
     in the draw's dtype); "inplace_summed": ``sum_n c_n * eps_n`` in fp32 (eps cast to fp32), cast once and
     added. Members are not merged by seed: antithetic partners are two adds, as two members would be.
+    `agreement`, where given, counts the weights' change since `start` (the weights before this iteration's
+    members, so the restores' drift is in it; default: before the update) against the fp32 sum.
     """
     if arithmetic not in IN_PLACE:
         raise ValueError(f"in-place arithmetic must be one of {IN_PLACE}, got {arithmetic!r}")
@@ -147,13 +151,18 @@ def apply_update_in_place(weights: Mapping[str, Tensor], seeds_signs: Sequence[t
     squares = 0.0
     for name, value in weights.items():
         before = value.clone()
+        total = None
+        if arithmetic == "inplace_summed" or agreement is not None:  # the intended step: the fp32 sum
+            total = torch.zeros(value.shape, dtype=torch.float32, device=value.device)
+            for seed, c in coefficients:
+                total.add_(draw_of(seed, name, value.shape, value.device).float(), alpha=c)
         if arithmetic == "inplace_sequential":
             for seed, c in coefficients:
                 value.add_((draw_of(seed, name, value.shape, value.device) * c).to(value.dtype))
         else:
-            total = torch.zeros(value.shape, dtype=torch.float32, device=value.device)
-            for seed, c in coefficients:
-                total.add_(draw_of(seed, name, value.shape, value.device).float(), alpha=c)
             value.add_(total.to(value.dtype))
         squares += squared_norm(value, before)
+        if agreement is not None:
+            origin = before if start is None else start[name]
+            agreement.add(value.float() - origin.to(value.device).float(), total)
     return math.sqrt(squares)

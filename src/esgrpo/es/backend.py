@@ -118,3 +118,8 @@ class ESBackend(ABC):
     def summary(self) -> dict[str, Any]:
         """Backend facts for the run's summary.json."""
         return {}
+
+    def step_agreement(self) -> dict[str, float] | None:
+        """The last update's `esgrpo.distance.StepAgreement` (step_cosine, changed_share); None where the
+        backend does not measure it."""
+        return None

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from esgrpo.distance import distance
+from esgrpo.distance import StepAgreement, distance
 from esgrpo.engines.rollout import eos_token_ids, prompt_texts
 from esgrpo.es.arithmetic import InPlacePopulation, apply_update_in_place
 from esgrpo.es.backend import THETA_FILE, BackendStart, ESBackend, FitnessResult
@@ -105,6 +105,10 @@ class HFESBackend(ESBackend):
         self.master_from = master_from
         self.theta0: Theta = {}
         self.theta: Theta = {}
+        # in place: the weights before this iteration's members (their restores drift); the last update's
+        # agreement with the intended step
+        self._iteration_start: Theta | None = None
+        self._agreement: StepAgreement | None = None
 
     def start(self, cfg: ESConfig) -> BackendStart:
         self.model.eval()
@@ -139,18 +143,26 @@ class HFESBackend(ESBackend):
         result = self.evaluate_population(pop, batch, cfg, generator=generator)
         del pop
         if self.arithmetic != "exact":  # the weights after the last member's (inexact) restore
+            if self._iteration_start is None:
+                self._iteration_start = self.theta
             self.theta = members.finish()
         # Restore exactly: a sequential evaluator may have loaded members into the model.
         load_theta_into_model(self.model, self.theta)
         return result
 
     def apply_update(self, seeds_signs: Sequence[tuple[int, float]], weights: np.ndarray, alpha: float) -> float:
+        self._agreement = StepAgreement()
         if self.arithmetic != "exact":
-            norm = apply_update_in_place(self.theta, seeds_signs, weights, alpha, self.noise, self.arithmetic)
+            norm = apply_update_in_place(self.theta, seeds_signs, weights, alpha, self.noise, self.arithmetic,
+                                         agreement=self._agreement, start=self._iteration_start)
+            self._iteration_start = None
         else:
-            norm = apply_update(self.theta, seeds_signs, weights, alpha, self.noise)
+            norm = apply_update(self.theta, seeds_signs, weights, alpha, self.noise, agreement=self._agreement)
         load_theta_into_model(self.model, self.theta)
         return norm
+
+    def step_agreement(self) -> dict[str, float] | None:
+        return None if self._agreement is None else self._agreement.to_dict()
 
     def distance_from_init(self) -> float:
         return distance(self.theta, self.theta0)

@@ -201,10 +201,11 @@ def _iteration(backend: ESBackend, rows: list[Row], cfg: ESConfig, t: int, total
         raise ValueError(f"iteration {t}: the backend returned fitness {fitness} for N={n} members")
     js_diversity = _js_diversity(backend, seeds_signs, batch, cfg, t, result)
     skipped = all_equal(fitness)
-    update_norm = 0.0
+    update_norm, agreement = 0.0, None
     if not skipped:
         weights = normalize_fitness(fitness, cfg.normalization, cfg.unit_rms_weights)
         update_norm = backend.apply_update(seeds_signs, weights, cfg.alpha)
+        agreement = backend.step_agreement()
         totals["updates"] += 1
     else:
         totals["skipped"] += 1
@@ -219,7 +220,7 @@ def _iteration(backend: ESBackend, rows: list[Row], cfg: ESConfig, t: int, total
         entropy=float(result.entropy), prompts=len(batch),
         extra={"fitness_max": float(fitness.max()), "fitness_min": float(fitness.min()),
                "entropy_estimator": result.entropy_estimator,  # exact, or the vLLM backend's estimate / bound
-               "js_diversity": js_diversity, "skipped": skipped}).to_dict()
+               "js_diversity": js_diversity, "skipped": skipped, **(agreement or {})}).to_dict()
 
 
 def _js_diversity(backend: ESBackend, seeds_signs: list[tuple[int, float]], batch: list[Row], cfg: ESConfig,
@@ -274,4 +275,14 @@ def _finish(backend: ESBackend, cfg: ESConfig, run: _Run, out_dir: Path) -> RunS
     return RunSummary(method="es", iterations=cfg.iterations, **shared, **RunSummary.fitness(run.metrics),
                       resumed_from=run.resumed_from, settings=cfg.to_dict(),
                       extra={"backend": backend.name, **record, "trainable_tensors": run.start.tensors,
-                             **backend.summary()})
+                             **_mean_agreement(run.metrics), **backend.summary()})
+
+
+def _mean_agreement(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The updates' mean step_cosine and changed_share (`ESBackend.step_agreement`), where measured."""
+    out = {}
+    for key in ("step_cosine", "changed_share"):
+        values = [r[key] for r in rows if key in r and math.isfinite(r[key])]
+        if values:
+            out[f"{key}_mean"] = float(np.mean(values))
+    return out

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from esgrpo.distance import squared_norm
+from esgrpo.distance import NORM_CHUNK_ELEMENTS, StepAgreement, squared_norm
 from esgrpo.noise import FULL, MASK63, Noise, Population, mix_seeds
 
 if TYPE_CHECKING:
@@ -231,14 +231,15 @@ StepOf = Callable[[Mapping[int, float], str, Sequence[int], torch.device], torch
 @torch.no_grad()
 def apply_update(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSign],
                  weights: Sequence[float] | np.ndarray, alpha: float, noise: Noise = FULL,
-                 step_of: StepOf | None = None) -> float:
+                 step_of: StepOf | None = None, agreement: StepAgreement | None = None) -> float:
     """``theta += alpha / N * sum_n w_n sign_n eps_n`` in place, one fp32 tensor at a time; returns ||step||.
 
     The noise is regenerated from the seeds (antithetic partners share one draw), summed in fp32
     (low rank: one matmul of the stacked weighted factors per tensor, `esgrpo.noise.Noise.weighted_sum`)
     and applied once, so small updates are not rounded away. Beside theta it holds one tensor's fp32
     step and one noise draw (`step_of`'s own temporaries included), then the norm's float64 chunk
-    (`esgrpo.distance.squared_norm`): what `esgrpo.plan.memory.es_update_bytes` counts.
+    (`esgrpo.distance.squared_norm`): what `esgrpo.plan.memory.es_update_bytes` counts. `agreement`, where
+    given, also counts what theta takes of the step (``(theta + step) - theta`` a norm chunk at a time).
     """
     coefficients = update_coefficients(seeds_signs, weights)
     scale = float(alpha) / len(seeds_signs)
@@ -247,6 +248,11 @@ def apply_update(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSi
     for name, value in theta.items():
         step = step_of(coefficients, name, value.shape, value.device)
         step.mul_(scale)  # the step itself, so the returned norm is exactly what was applied
+        if agreement is not None:
+            flat_value, flat_step = value.reshape(-1), step.reshape(-1)
+            for start in range(0, flat_value.numel(), NORM_CHUNK_ELEMENTS):
+                v, s = flat_value[start:start + NORM_CHUNK_ELEMENTS], flat_step[start:start + NORM_CHUNK_ELEMENTS]
+                agreement.add(v.add(s).sub_(v), s)
         value.add_(step)
         squares += squared_norm(step)
     return math.sqrt(squares)

@@ -76,7 +76,7 @@ def es_tensors(arch: Architecture, layout: str) -> list[tuple[int, bool]]:
     return [vocab, *qkv, (h * q, False), *mlp, (h, False)]
 
 
-def es_tensor_bytes(n: int, assembled: bool) -> dict[str, int]:
+def es_tensor_bytes(n: int, assembled: bool, agreement: bool = False) -> dict[str, int]:
     """Bytes beside the fp32 master while ES works on one tensor of n elements, by operation
     (c = min(n, NORM_CHUNK_ELEMENTS)):
 
@@ -84,7 +84,9 @@ def es_tensor_bytes(n: int, assembled: bool) -> dict[str, int]:
       and the member 4n (an assembled noise's pieces are freed before the member is made);
     - update (`esgrpo.es.ops.apply_update`): the fp32 step 4n and one noise draw 4n (an assembled tensor's
       step is its parts' sums, each built beside one part's draw, then concatenated: also 8n), then the
-      norm's float64 chunk and its square, 16c;
+      norm's float64 chunk and its square, 16c; with `agreement` (the transformers backend,
+      `esgrpo.distance.StepAgreement`) also what theta takes of the step, 4c, beside float64 copies of a
+      quarter chunk of it and of the step, 16 * min(n, c/4);
     - distance from theta0 (`esgrpo.distance.distance`): subtracted in float64 a chunk at a time (theta's
       chunk, theta0's, their difference: 24c), on either backend (vLLM engine 0 keeps theta0 on the host).
     Counted from the code; `benchmarks/es_update_memory.py` measures each (tests/test_plan.py).
@@ -92,14 +94,16 @@ def es_tensor_bytes(n: int, assembled: bool) -> dict[str, int]:
     from esgrpo.distance import NORM_CHUNK_ELEMENTS
 
     c = min(n, NORM_CHUNK_ELEMENTS)
+    agreed = 4 * c + 16 * min(n, NORM_CHUNK_ELEMENTS // 4) if agreement else 0
     return {"perturb": 8 * n,
-            "update": 4 * n + max(4 * n, 16 * c),
+            "update": 4 * n + max(4 * n, 16 * c, agreed),
             "distance": 24 * c}
 
 
 def es_update_bytes(arch: Architecture, layout: str = "vllm") -> int:
     """The largest of `es_tensor_bytes` over the master's tensors: ES's working set beside theta."""
-    return max(max(es_tensor_bytes(n, assembled).values()) for n, assembled in es_tensors(arch, layout))
+    return max(max(es_tensor_bytes(n, assembled, agreement=layout == "hf").values())
+               for n, assembled in es_tensors(arch, layout))
 
 
 def es_master_bytes(arch: Architecture, layout: str = "vllm") -> int:

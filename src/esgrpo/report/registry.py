@@ -219,6 +219,22 @@ _CLAIMS = [
                 'dominate the variance (tests/test_hierarchical_bootstrap.py). Seeds: {seeds}.')),
 ]
 
+# The papers' ES arithmetic beside the exact one (esgrpo.report.arithmetic): what the claims' geometry rests on.
+_CLAIMS.append(
+    PaperStage("es_arithmetic", "Claims", "table", "esgrpo.report.arithmetic:table_es_arithmetic",
+               {"prompts": {"es", "es_arith"}, "metrics": {"es", "es_arith"}, "theory": {"es", "es_arith"},
+                "drift": {"es", "es_arith", "grpo"}, "where": "ablation"},
+               ("ES arithmetic on {ablation_task}: the exact one (fp32 master, exact restore) beside each "
+                "paper's (bf16 in place, no master; es.ablations.arithmetic), at the same population and "
+                "seeds. Test greedy accuracy (95% CI over seeds and prompts); ||theta_T - theta_0|| over "
+                "alpha*sqrt(T d/N) at the final update; per update, the cosine of the step the weights took "
+                "(restores included) with the fp32 sum of coefficients times noise, and the share of "
+                "coordinates that changed (means over updates, 95% CI over seeds; empty where the backend "
+                "does not measure them). Drift (the drift analysis, from the base model): ES/GRPO ratio of "
+                "relative L2 per shared seed against the main GRPO runs (paper B: 44.1x), and the norm "
+                "layers' share of ES's squared update; on an fp32 model the papers' runs start from its bf16 "
+                "copy, so their drift includes that rounding.")))
+
 STAGES: dict[str, PaperStage] = {s.name: s for s in [*_PAPER_STAGES, *_CLAIMS]}
 
 
