@@ -38,7 +38,7 @@ except WorkflowError as err:
 # The analysis block's defaults are stated in esgrpo.analysis.settings (the schema checks types only).
 config["analysis"] = analysis_config(config)
 
-# The grid's folder: every rule writes under it (rules/common.smk RESULTS; esgrpo.grids).
+# The grid's folder: every rule writes under it (rules/config.smk RESULTS; esgrpo.grids).
 config["results_dir"] = results_folder(config.get("results_dir"), workflow.overwrite_configfiles)
 
 
@@ -46,7 +46,11 @@ config["results_dir"] = results_folder(config.get("results_dir"), workflow.overw
 report: "report/workflow.rst"
 
 
-include: "rules/common.smk"
+include: "rules/config.smk"
+include: "rules/inputs.smk"
+include: "rules/resources.smk"
+include: "rules/targets.smk"
+include: "rules/lifecycle.smk"
 include: "rules/data.smk"
 include: "rules/models.smk"
 include: "rules/train.smk"

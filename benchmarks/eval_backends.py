@@ -40,7 +40,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
-    from esgrpo.io import read_json
+    from esgrpo.files import read_json
     from esgrpo.workflow.stages.data import load_rows
     from esgrpo.workflow.stages.evaluation import make_engine
 

@@ -110,7 +110,7 @@ def build_model(case: str, folder: Path) -> Path:
 
 
 def write_task(folder: Path) -> dict:
-    from esgrpo.io import write_json, write_jsonl
+    from esgrpo.files import write_json, write_jsonl
 
     folder.mkdir(parents=True, exist_ok=True)
     write_jsonl(folder / "train.jsonl", _rows())

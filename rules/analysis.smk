@@ -1,5 +1,5 @@
 # Geometry analyses of trained checkpoints (paper A's geometry findings, paper B's findings 6-7).
-# Every output lives under {results_dir}/analysis/{model}/ (helpers and settings: rules/common.smk and
+# Every output lives under {results_dir}/analysis/{model}/ (helpers and settings: rules/inputs.smk and
 # esgrpo.analysis.settings; defaults in schemas/config.schema.yaml; stages in esgrpo.workflow.stages.analysis).
 
 

@@ -1,6 +1,6 @@
 # The tables and figures of papers A and B, and the claims table: one rule per file set, each
 # reading only the tidy files of what the config trains (inputs: paper_input_function in
-# rules/common.smk; code: the stage of that name in esgrpo.report.registry).
+# rules/targets.smk; code: the stage of that name in esgrpo.report.registry).
 
 
 for _table, _category in PAPER_TABLES.items():

@@ -1,4 +1,4 @@
-# The resource plan (rules/common.smk, esgrpo.plan): one row per job, with its GPUs, GPU memory needed and
+# The resource plan (rules/resources.smk, esgrpo.plan): one row per job, with its GPUs, GPU memory needed and
 # there, host memory and runtime; and its GPU-hours by kind of job (a row of docs/cluster.md's cost table).
 #   snakemake --configfile=configs/paper_b.yaml plan              every job of the config (target all)
 #   snakemake --configfile=configs/paper_b.yaml plan_paper_b      the jobs the paper_b target runs

@@ -13,7 +13,7 @@ from esgrpo.analysis.interpolation import along_direction, interpolate, random_d
 from esgrpo.analysis.kl import per_sequence_kl, sequence_kl_stats, token_kl
 from esgrpo.analysis.sparsity import n_kept, reset_module_type, sparsify, top_fraction_mask
 from esgrpo.analysis.theory import expected_es_norm, expected_es_sq_norm, fit_sq_norm_vs_t
-from esgrpo.metrics import barrier_height
+from esgrpo.estimators import barrier_height
 from esgrpo.noise import tensor_noise
 
 NAMES = [

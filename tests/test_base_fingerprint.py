@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from esgrpo.io import read_json
-from esgrpo.metrics import pass_at_k_curve
+from esgrpo.estimators import pass_at_k_curve
+from esgrpo.files import read_json
 from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
 from esgrpo.models.fingerprint import compare_to_reference, task_scores, weights_sha256
 from esgrpo.models.loading import save_model
@@ -72,7 +72,7 @@ def test_comparison_identical_equivalent_different_or_not_comparable():
 def test_fingerprint_stage_on_a_tiny_built_model(tmp_path):
     """The workflow's three stages on a few rows: build (warm-up), evaluate, fingerprint; rerunning the
     build gives the same hash, and the fingerprint against itself as reference says identical."""
-    from esgrpo.io import write_json, write_jsonl
+    from esgrpo.files import write_json, write_jsonl
     from esgrpo.workflow.stages.evaluation import evaluate_checkpoint
     from esgrpo.workflow.stages.models import build_default_model, write_base_fingerprint
 

@@ -26,7 +26,6 @@ import torch
 from safetensors.torch import load_file
 
 from esgrpo.analysis.theory import expected_es_norm
-from esgrpo.checkpoint import LOCK_NAME, ProgressFolder
 from esgrpo.es.backend import FitnessResult
 from esgrpo.es.hf_backend import HFESBackend, make_population_evaluator, theta_from_model, trainable_names
 from esgrpo.es.loop import snapshot_dir, train_es
@@ -40,8 +39,9 @@ from esgrpo.es.ops import (
     prompt_batch,
 )
 from esgrpo.es.settings import ESConfig
-from esgrpo.io import read_jsonl
+from esgrpo.files import read_jsonl
 from esgrpo.noise import Noise, Population, lowrank_factors, stable_name_hash, tensor_noise
+from esgrpo.progress import LOCK_NAME, ProgressFolder
 
 torch.set_num_threads(1)
 TESTS = Path(__file__).resolve().parent
@@ -669,7 +669,7 @@ def test_a_second_trainer_on_a_held_progress_folder_stops_and_names_the_holder(t
         second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert second.returncode != 0
     message = second.stderr.strip().splitlines()[-1]
-    assert message.startswith("esgrpo.checkpoint.ProgressFolderLocked"), second.stderr[-2000:]
+    assert message.startswith("esgrpo.progress.ProgressFolderLocked"), second.stderr[-2000:]
     assert str(prog) in message and f"pid {os.getpid()} on host" in message
     assert not list(prog.glob("step-*")) and not (out / "model").exists()
     # the holder gave it back: now a trainer runs

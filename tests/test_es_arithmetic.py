@@ -24,7 +24,7 @@ from esgrpo.es.hf_backend import HFESBackend, make_population_evaluator
 from esgrpo.es.loop import train_es
 from esgrpo.es.ops import member_seeds
 from esgrpo.es.settings import ESConfig
-from esgrpo.io import read_jsonl
+from esgrpo.files import read_jsonl
 from esgrpo.noise import Noise, Population
 
 torch.set_num_threads(1)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from conftest import REPO, results_of, run_workflow
 
+from esgrpo.files import read_json
 from esgrpo.grids import (
     GRID_RECORD,
     GridError,
@@ -25,7 +26,6 @@ from esgrpo.grids import (
     results_folder,
     write_grid_record,
 )
-from esgrpo.io import read_json
 from esgrpo.plan.prompts import CACHE_FILE
 
 CI = REPO / "configs" / "ci.yaml"

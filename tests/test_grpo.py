@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from esgrpo.checkpoint import LOCK_NAME, ProgressFolder, ProgressFolderLocked
+from esgrpo.files import read_json, read_jsonl
 from esgrpo.grpo.launch import accelerate_config, launch_command, launch_grpo
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.grpo.trainer import (
@@ -35,7 +35,7 @@ from esgrpo.grpo.trainer import (
     rows_to_dataset,
     train_grpo,
 )
-from esgrpo.io import read_json, read_jsonl
+from esgrpo.progress import LOCK_NAME, ProgressFolder, ProgressFolderLocked
 from esgrpo.run_record import STEP_FIELDS, RunSummary
 from esgrpo.tasks.base import make_row
 from esgrpo.tasks.rewards import reward
@@ -306,7 +306,7 @@ def test_a_held_progress_folder_stops_a_second_trainer_before_it_loads_anything(
     """Another process (a live pid) writes the folder: train_grpo stops at once, naming the folder and
     the holder, and leaves the folder as it was."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from esgrpo.checkpoint import ProgressFolder\n"
+        [sys.executable, "-c", "import sys, time; from esgrpo.progress import ProgressFolder\n"
                                "with ProgressFolder(sys.argv[1], 'checkpoint-'):\n"
                                "    print('held', flush=True); time.sleep(120)", str(tmp_path / "progress")],
         env=dict(os.environ, PYTHONPATH=str(SRC)), stdout=subprocess.PIPE, text=True)
@@ -427,8 +427,8 @@ def test_a_single_process_refuses_a_multi_process_setting(tmp_path):
 
 def test_train_run_launches_several_processes_through_accelerate(tmp_path, monkeypatch):
     """num_processes > 1: the workflow's train stage hands the run to esgrpo.grpo.launch (one process per GPU)."""
+    from esgrpo.files import write_json, write_jsonl
     from esgrpo.grpo import launch as grpo_launch
-    from esgrpo.io import write_json, write_jsonl
     from esgrpo.workflow.stages.training import train_run
 
     write_jsonl(tmp_path / "train.jsonl", yesno_rows(8))
@@ -443,7 +443,7 @@ def test_train_run_launches_several_processes_through_accelerate(tmp_path, monke
                           generated_tokens=40, seconds=1.0, resumed_from=None, settings=settings.to_dict())
 
     monkeypatch.setattr(grpo_launch, "launch_grpo", launch)
-    monkeypatch.setenv("ESGRPO_LIVE", json.dumps({"report_to": ["tensorboard"], "root": "tb"}))  # rules/common.smk
+    monkeypatch.setenv("ESGRPO_LIVE", json.dumps({"report_to": ["tensorboard"], "root": "tb"}))  # rules/config.smk
     settings = {**small_settings().to_dict(), "num_processes": 2, "sharding": "fsdp"}
     train_run({"train": str(tmp_path / "train.jsonl"), "info": str(tmp_path / "info.json")},
               {"summary": str(tmp_path / "run" / "summary.json")},

@@ -15,7 +15,7 @@ from conftest import REPO, results_of, run_workflow
 from test_paper_tables import CONFIG, build, make_results
 
 from esgrpo.evaluation import heldout
-from esgrpo.io import read_json, read_jsonl, write_jsonl
+from esgrpo.files import read_json, read_jsonl, write_jsonl
 from esgrpo.report import stats
 
 DATA = REPO / "tests" / "data" / "lm_eval"

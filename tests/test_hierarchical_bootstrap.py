@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from esgrpo.metrics import bootstrap_ci_grouped
+from esgrpo.estimators import bootstrap_ci_grouped
 
 R, N_BOOT, P = 150, 500, 20  # simulated datasets per design, bootstrap replicates, prompts per seed
 

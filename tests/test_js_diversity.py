@@ -12,8 +12,8 @@ import pytest
 from esgrpo.es.backend import BackendStart, ESBackend, FitnessResult
 from esgrpo.es.loop import train_es
 from esgrpo.es.settings import ESConfig
-from esgrpo.io import read_jsonl
-from esgrpo.metrics import bernoulli_js_divergence, population_js_diversity
+from esgrpo.estimators import bernoulli_js_divergence, population_js_diversity
+from esgrpo.files import read_jsonl
 
 
 def _kl_bernoulli(p: float, q: float) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from test_grpo import model_dir, yesno_rows  # noqa: F401  (model_dir: the tiny boxed yes/no model fixture)
 
-from esgrpo.io import write_json, write_jsonl
+from esgrpo.files import write_json, write_jsonl
 from esgrpo.live import ENV, SHARED, Eta, LiveLog, LiveSettings, format_seconds, live_settings
 
 pytest.importorskip("tensorboard")

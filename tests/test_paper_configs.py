@@ -190,7 +190,7 @@ def dry_run_jobs(workdir: Path, configfile: Path, rule: str) -> list[dict[str, s
 @pytest.mark.slow
 def test_dry_run_trains_continual_es_stages_at_the_papers_budget(tmp_path):
     """`snakemake -n` of paper A: every continual ES stage, 1 to 4, is a train_run job whose settings
-    (rules/common.smk run_settings = run_spec) run 100 iterations; the single-task ES runs keep 300."""
+    (rules/inputs.smk run_settings = run_spec) run 100 iterations; the single-task ES runs keep 300."""
     c = load("paper_a")
     jobs = dry_run_jobs(tmp_path, CONFIGS["paper_a"], "train_run")
     iterations = {(j["model"], j["run"]): run_spec(c, j["model"], j["task"], j["run"]).settings.get("iterations")

@@ -148,7 +148,7 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
                 [{"model": model, "task": task, "run": run, "method": "es", "name": name, "module_type": mt,
                   "layer": 0, "numel": 100, "l2": scale * (2.0 if mt == "norm" else 1.0), "base_l2": 10.0,
                   "init_l2": scale} for name, mt in MODULES.items()])
-            if kind in registry.ES_KINDS | {"cl_es", "es_arith"}:  # every run trained by ES (rules/common.smk)
+            if kind in registry.ES_KINDS | {"cl_es", "es_arith"}:  # every run trained by ES (rules/inputs.smk)
                 sq = 0.0102 * (ARITHMETIC_DRIFT if kind == "es_arith" else 1.0) ** 2
                 csv(model, "theory", task, run,
                     [{"iteration": t, "updates": t, "distance": math.sqrt(sq * t), "sq_distance": sq * t,
@@ -353,7 +353,7 @@ def test_registry_runs_every_planned_stage():
 
 
 def test_planning_stays_light_for_the_dag_parse():
-    """rules/common.smk imports esgrpo.report.planning at every `snakemake` start: no pandas, no torch."""
+    """rules/targets.smk imports esgrpo.report.planning at every `snakemake` start: no pandas, no torch."""
     code = ("import sys, esgrpo.report.planning; "
             "print(sorted(m for m in ('pandas', 'torch', 'matplotlib') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -637,7 +637,7 @@ def test_every_paper_file_is_a_target_of_the_rules():
     assert 'include: "rules/paper.smk"' in (REPO / "Snakefile").read_text()
     for rule in ("rule paper_a:", "rule paper_b:", "rule claims:"):
         assert rule in text
-    assert "def paper_targets():" in (REPO / "rules" / "common.smk").read_text()
+    assert "def paper_targets():" in (REPO / "rules" / "targets.smk").read_text()
     for name in registry.STAGES:
         assert (REPO / "report" / f"{name}.rst").exists(), name
 

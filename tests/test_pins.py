@@ -13,7 +13,7 @@ import yaml
 from conftest import REPO
 
 from esgrpo.config import ConfigError, check_config
-from esgrpo.io import read_json, read_jsonl
+from esgrpo.files import read_json, read_jsonl
 from esgrpo.pins import PinError, check_sha256, model_snapshot_folder, pinned_model_folder
 from esgrpo.workflow.stages.data import prepare_task
 

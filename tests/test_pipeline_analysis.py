@@ -19,7 +19,7 @@ from esgrpo.analysis.kl import continuation_logits
 from esgrpo.analysis.sparsity import sparsity_points
 from esgrpo.engines.rollout import HFEngine
 from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
-from esgrpo.io import read_json, write_json, write_jsonl
+from esgrpo.files import read_json, write_json, write_jsonl
 from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
 from esgrpo.models.loading import load_model, save_model
 from esgrpo.tasks.rewards import VERIFIERS

@@ -606,7 +606,7 @@ def test_autocast_weight_copies_match_a_measured_forward(tmp_path):
 def _measured_setup(tmp_path, rows_by_task: dict[str, dict[str, list[dict]]]):
     """A results folder with the default model's tokenizer (ChatML-style template with a system turn) and
     prepared data; the default config pointed at it."""
-    from esgrpo.io import write_jsonl
+    from esgrpo.files import write_jsonl
     from esgrpo.models.default import train_tokenizer
 
     texts = [m["content"] for splits in rows_by_task.values() for rows in splits.values() for r in rows for m in r["prompt"]]

@@ -142,7 +142,7 @@ def test_evaluate_checkpoint_sizes_a_vllm_engine_for_its_longest_prompt(tiny, tm
     prompt over all tasks (chat template included) + eval.max_new_tokens; the engine block passes through."""
     from esgrpo.engines import vllm_engine
     from esgrpo.engines.vllm_engine import prompt_token_ids
-    from esgrpo.io import read_json, write_json, write_jsonl
+    from esgrpo.files import read_json, write_json, write_jsonl
     from esgrpo.workflow.stages.evaluation import evaluate_checkpoint
 
     model, tokenizer, rows = tiny

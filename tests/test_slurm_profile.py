@@ -58,7 +58,7 @@ PLANNED_RULES = ("train_run", "eval_base", "eval_run", "analysis_drift", "analys
 
 
 def test_profile_keeps_only_site_settings():
-    """Sizes come from the resource plan (rules/common.smk): no job size or model name typed into the
+    """Sizes come from the resource plan (rules/resources.smk): no job size or model name typed into the
     profile, so a new model is sized from its architecture (or stops the parse), never given a default."""
     p = profile()
     text = (PROFILE / "config.yaml").read_text()
@@ -74,7 +74,7 @@ def test_profile_keeps_only_site_settings():
         for name in ("mem_mb", "runtime", "gpu", "gpu_model", "cpus_per_gpu"):
             assert f'{name}=planned("{rule}", "{name}"' in rules, (rule, name)
         assert f'threads: planned("{rule}", "threads"' in rules, rule
-    # site settings from the environment (an unset account is empty: no -A, rules/common.smk)
+    # site settings from the environment (an unset account is empty: no -A, rules/lifecycle.smk)
     assert p["default-resources"] == {"slurm_partition": "$ESGRPO_SLURM_PARTITION",
                                       "slurm_account": "$ESGRPO_SLURM_ACCOUNT"}
 

@@ -27,7 +27,7 @@ import pytest
 from conftest import REPO
 from safetensors.torch import load_file
 
-from esgrpo.io import read_jsonl
+from esgrpo.files import read_jsonl
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

@@ -775,7 +775,7 @@ def test_train_run_dispatches_es_to_the_vllm_pool(tmp_path, monkeypatch):
     """es.backend = vllm: the workflow's train stage launches the pool on the start checkpoint with the
     run's trainable patterns and a context of the longest prompt + max_new_tokens, tokenizes the prompts
     with its chat template and writes an HF run."""
-    from esgrpo.io import read_json, read_jsonl, write_json, write_jsonl
+    from esgrpo.files import read_json, read_jsonl, write_json, write_jsonl
     from esgrpo.models.default import train_tokenizer
     from esgrpo.tasks.base import make_row
     from esgrpo.workflow.stages.training import train_run

@@ -19,7 +19,7 @@ import torch
 import yaml
 from conftest import REPO, run_workflow
 
-from esgrpo.io import read_json, read_jsonl
+from esgrpo.files import read_json, read_jsonl
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

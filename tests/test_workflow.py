@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, run_workflow
 
 from esgrpo.engines import panel_matmul
-from esgrpo.io import read_json, read_jsonl
+from esgrpo.files import read_json, read_jsonl
 
 pytestmark = pytest.mark.slow
 
@@ -54,8 +54,8 @@ def test_the_dag_parse_imports_no_torch(tmp_path):
 # the shared top-level modules at the bottom. `config` checks every room's settings, so it sits above
 # ES and GRPO. A module may import its own room or any lower one, never a higher one.
 LAYERS = [
-    {"esgrpo", "esgrpo.io", "esgrpo.provenance", "esgrpo.settings", "esgrpo.runs", "esgrpo.checkpoint",
-     "esgrpo.metrics", "esgrpo.noise", "esgrpo.distance", "esgrpo.run_record",
+    {"esgrpo", "esgrpo.files", "esgrpo.provenance", "esgrpo.settings", "esgrpo.runs", "esgrpo.progress",
+     "esgrpo.estimators", "esgrpo.noise", "esgrpo.distance", "esgrpo.run_record",
      "esgrpo.live", "esgrpo.grids"},
     {"esgrpo.tasks"},
     {"esgrpo.engines"},

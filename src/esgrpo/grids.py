@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from esgrpo.io import read_json, write_json
+from esgrpo.files import read_json, write_json
 
 GRID_RECORD = "grid.json"
 # How many differing keys the clash message names (the record holds them all).

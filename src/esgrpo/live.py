@@ -28,7 +28,7 @@ from typing import Any
 __all__ = ["BACKENDS", "ENV", "SHARED", "Eta", "LiveLog", "LiveSettings", "format_seconds", "live_settings"]
 
 BACKENDS = ("tensorboard", "wandb", "trackio")
-ENV = "ESGRPO_LIVE"  # JSON set by rules/common.smk from the config's logging block (see `live_settings`)
+ENV = "ESGRPO_LIVE"  # JSON set by rules/config.smk from the config's logging block (see `live_settings`)
 
 # tag -> metrics.jsonl key: the same for an ES iteration and a GRPO step (step = iteration / step number).
 SHARED = {
@@ -78,7 +78,7 @@ def live_settings(model: str, task: str, run: str, config: Mapping[str, Any] | N
                   env: Mapping[str, str] | None = None) -> LiveSettings:
     """One run's settings from `ESGRPO_LIVE` ({"report_to", "root", "project"}; absent: no live curves).
 
-    rules/common.smk sets the variable from the config's logging block instead of passing it as a rule
+    rules/config.smk sets the variable from the config's logging block instead of passing it as a rule
     parameter: a parameter would retrain every run when only the logging changes.
     """
     text = (os.environ if env is None else env).get(ENV)

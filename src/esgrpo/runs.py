@@ -178,7 +178,7 @@ def main_name(config: dict, method: str, seed: int) -> str:
 
 def reward_rules_setting(config: dict) -> dict:
     """{"reward_rules": the config's rewards.rules} for every job that grades (training runs here,
-    evaluations in rules/common.smk), so that other rules are other settings and rerun those jobs;
+    evaluations in rules/inputs.smk), so that other rules are other settings and rerun those jobs;
     {} when the config names none (the settings' own default, "esgrpo")."""
     rules = (config.get("rewards") or {}).get("rules")
     return {} if rules is None else {"reward_rules": rules}

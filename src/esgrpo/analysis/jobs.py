@@ -1,5 +1,5 @@
 """The grid's analysis jobs as records: which analyses of which runs the config asks for, and the files each
-writes under ``{results_dir}/analysis/{model}/``. The rules' targets (rules/common.smk), the resource plan
+writes under ``{results_dir}/analysis/{model}/``. The rules' targets (rules/targets.smk), the resource plan
 (esgrpo.plan.grid) and the paper stages' inputs (esgrpo.report.planning) all read these records, so no one
 takes an output path apart to learn its job.
 

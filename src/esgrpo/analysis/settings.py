@@ -1,6 +1,6 @@
 """The `analysis:` config block: which geometry analyses run, and with what settings.
 
-Read when the workflow parses its DAG (rules/common.smk), so it imports nothing heavy; the stages
+Read when the workflow parses its DAG (rules/inputs.smk), so it imports nothing heavy; the stages
 themselves live in esgrpo.workflow.stages.analysis.
 """
 

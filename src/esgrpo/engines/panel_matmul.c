@@ -1,13 +1,13 @@
 /* y = x W^T for fp32 x [M, I] and W [O, I], W stored as column panels: panel p holds W[24p : 24p+24, :]^T,
  * i.e. [I][24] contiguous, zero-padded past O. esgrpo.engines.panel_matmul compiles and loads this file;
- * it explains why (member weights streamed by 8-16-row matmuls) and what it measured.
+ * it explains why (member weights streamed by 8-16-row matmuls); docs/references.md has the measurements.
  *
  * The micro-kernel is the register-blocked outer product of BLAS kernels (Goto & van de Geijn, "Anatomy of
  * High-Performance Matrix Multiplication", ACM TOMS 34(3), 2008): a 4 x 24 tile of y in 12 AVX2 registers,
  * per k one broadcast of x per row and three loads of the panel, 12 FMAs. With few rows the kernel is
  * bound by reading W from memory, so while one panel is used the next one is prefetched, spread evenly
  * over all the tiles of the panel: without it the later 4-row passes over a panel (from cache) left memory
- * idle. One thread of the 2-core EPYC: 8 rows 11 -> 13.5-15.6 GB/s, 16 rows 63 -> 86 GFLOP/s (measured).
+ * idle.
  *
  * Where the CPU has AVX-512 (F and VL) a tile is 8 x 24 instead: per k one broadcast per row, a 16-float and
  * an 8-float load of the panel, 16 FMAs covering twice the rows of the 4 x 24 tile (16 accumulators of the
@@ -136,8 +136,8 @@ static inline void transpose8(__m256 *r) {
 /* panels [ceil(O / 24)][I][24] of (W[j][k] * col[k]) * row[j] from W [O, I] (contiguous), zero past O;
  * col [I] / row [O] NULL: not scaled. The scales are the RMSNorm weights and the attention scale the
  * population engine folds in, multiplied in torch's order (the same floats), here instead of in two more
- * passes over the matrix. 8 x 8 blocks transposed in registers: 7.6 GB/s into memory already touched,
- * against 4.0 for the element-by-element copy. */
+ * passes over the matrix. 8 x 8 blocks transposed in registers: about twice the element-by-element copy's
+ * speed. */
 void esgrpo_panel_pack(const float *w, int O, int I, const float *col, const float *row, float *panels) {
     int P = (O + NR - 1) / NR;
     const __m256 one = _mm256_set1_ps(1.0f);

@@ -4,10 +4,9 @@ through ctypes.
 
 Why: a full-rank ES decode step multiplies each member's own weights by only its B prompts' rows
 (8-16), so every member's matrices stream from memory once a step and the step is as fast as the
-matmul reads weights. The libraries torch ships read them at 7-9 GB/s at 8 rows on one thread of the
-2-core EPYC (oneDNN packed 8.5, MKL 6.9, MKL packed 7.1; OpenBLAS in numpy 9.4) against 16-18 GB/s of
-read bandwidth; this kernel reads 13.5-15.6 GB/s there at 8 rows (1.6-1.9x oneDNN), 86 vs 46 GFLOP/s at
-16 rows, 96 vs 80 at 320 (the prompt pass). `benchmarks/es_throughput.py` prints which kernel ran.
+matmul reads weights. The libraries torch ships read them at about half the core's read bandwidth at
+8 rows; this kernel reads near all of it (speeds: docs/references.md, "Measurements behind code
+choices"). `benchmarks/es_throughput.py` prints which kernel ran.
 
 Where the CPU has AVX-512 the kernel's tile is 8 rows instead of 4 (one pass over each panel at 8 rows,
 twice the rows per instruction); both tiles give the same floats, so `kernel_name()` names the kernel, not
@@ -42,10 +41,8 @@ __all__ = ["PANEL", "Panels", "available", "kernel_name", "matmul", "pack", "pan
 PANEL = 24  # columns of a panel (NR in panel_matmul.c)
 SOURCE = Path(__file__).with_name("panel_matmul.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared"]
-# Below this many multiply-adds a call runs on one thread: split over the 2-core EPYC's two threads, 1-2M
-# ran at a third to half of one thread's GFLOP/s (the pool's hand-off), 7M even (63 vs 66), 14M and up
-# 1.2-1.9x (`matmul` with this at 0 and at 2^62, 256x256 to 3072x576, 8-128 rows); either beat oneDNN on
-# two threads.
+# Below this many multiply-adds a call runs on one thread: smaller calls lose more to the thread pool's
+# hand-off than a second thread gains (measured: docs/references.md).
 SPLIT_MIN_MACS = 2**23
 
 

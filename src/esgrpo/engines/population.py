@@ -36,34 +36,12 @@ What the forward does differently from transformers, all exact rewrites of the s
 - padded keys get a large FINITE negative score, so a row with no valid key (a pad query)
   gets a uniform softmax instead of NaN; such rows never feed a real token.
 
-Where the time goes (2-core AMD EPYC, 1 thread, N=16, B=32; `benchmarks/es_throughput.py`):
-the batched step is no longer Python-bound (~100 ops per step). On the 0.2M model a decode step
-is ~45% attention (the per-(row, kv head) matmuls are tiny, 2 x head_dim x context, and
-numerous, N * B * kv_heads, so MKL's per-matrix cost dominates) and ~40% projections; on the
-4M model it is ~80% projections, matmuls with only B = 32 rows per member (about two thirds of
-the FLOP/s of a large square matmul in isolation). Measured and dropped: sdpa (slower for one
-query), grouped conv1d and elementwise attention, merging kv heads per row, MKL-packed weights,
-oneDNN linear, nn.Linear-layout (transposed) weights, gate/up or column-chunked MLP matmuls,
-running members in cache-sized groups, flush-to-zero.
-
-At SmolLM2-135M's shape (30 layers, hidden 576, vocabulary 49,152; N=4, B=8, 40-token prompts, 32
-new tokens, 1 thread, profiled with torch.profiler) the same engine spent 50% of its time in the
-decode projections, 20% in the vocabulary head and 18% in the prompt pass's projections: bmm with
-8 rows per member ran at 13 GFLOP/s (3 GB/s of weights), and preparing the members (noise, the
-stacked copy, the fold) cost as much again as generating. Now: oneDNN-packed member matrices run
-the decode at ~7 GB/s of weights (each step streams every member's 538 MB once; an isolated matmul of
-8 rows reaches no more, MKL through F.linear ~5 GB/s, where the machine reads 17 GB/s, so full-rank
-members stay near one `generate` per member at B = 8), the prompt pass at 65-70 GFLOP/s, and members
-are built one matrix at a time from the seeds, the fold written into one fused buffer per member
-(noise generation, ~0.8 s per member at 175 M normals/s, is then most of preparing). Low-rank
-members share one copy of every matrix, so their decode reads the weights once per step for all
-N * B rows, as batch inference does. Attention and the entropy stay below 5% each there.
-At N = 16, B = 8 a full-rank rollout was ~25% preparing members (noise most of it), ~20% the prompt pass
-(compute-bound, as batch inference's) and ~55% member weights streamed through 8-row matmuls at 6-8 GB/s,
-oneDNN's best here. The panel kernel (`esgrpo.engines.panel_matmul`, an AVX2 register-blocked matmul with
-next-panel prefetch) streams them at 13.5-15.6 GB/s and runs the prompt pass at ~90 GFLOP/s: at N = 4 and 16,
-B = 8 and 16 the rollout went from 1.09-1.25x to 1.54-1.73x one `generate` per member, and from 0.49-0.71 to
-0.60-0.92 of batch inference; tables in docs/smollm2.md.
+Where the time goes: on models of a few million parameters a decode step is split between attention's
+many tiny per-(row, kv head) matmuls and the projections; at SmolLM2-135M's shape a full-rank member's
+decode streams its own weights through matmuls of only B rows, so the step is as fast as those matmuls
+read memory: hence the packed layouts (`esgrpo.engines.population_weights`) and the panel kernel
+(`esgrpo.engines.panel_matmul`). The profiles, speeds and the variants measured and dropped are in
+docs/references.md ("Measurements behind code choices"), the rollout tables in docs/smollm2.md.
 """
 
 from __future__ import annotations
@@ -253,8 +231,8 @@ def _logits(pw: PopulationWeights, x: Tensor) -> Tensor:
 def categorical(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     """One draw per row of `probs` [R, V] (unnormalised, >= 0) -> [R, 1], by inverting the CDF at a
     uniform: token i is drawn when u * total falls in [cdf[i-1], cdf[i]), so a zero-probability token
-    never is. torch.multinomial draws the same distribution but was a quarter of a CPU evaluation's
-    time (3.4 s of 13 s at 1,024 rows x 384 tokens, measured); a cumsum and a binary search are not."""
+    never is. torch.multinomial draws the same distribution but is slow on a CPU (docs/references.md);
+    a cumsum and a binary search are not."""
     u = torch.rand(probs.shape[0], 1, generator=generator, dtype=probs.dtype, device=probs.device)
     cdf = probs.cumsum(-1)
     return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=probs.shape[-1] - 1)

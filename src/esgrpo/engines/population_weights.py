@@ -6,14 +6,13 @@ RMSNorm weights into the projection after the norm, the 1/sqrt(head_dim) attenti
 query projection, q/k/v and gate/up into one matrix each, the rotary pairing permuted to
 interleaved pairs); `esgrpo.engines.population` explains why each rewrite is exact and what it saves.
 
-Layouts, chosen per matrix by a measured rule (`PACK_MIN_ELEMENTS`):
+Layouts, chosen per matrix by a measured rule (`PACK_MIN_ELEMENTS`; speeds in docs/references.md):
 - small matrices: stacked [N, in, out] for one `torch.bmm` over members (per-call cost dominates);
 - larger ones on a CPU: one packed matrix per member (`_pack`): 24-column panels for the panel kernel
   (`esgrpo.engines.panel_matmul`) where it builds, else oneDNN's blocked layout
-  (`torch.ops.mkldnn._linear_pointwise`, the one torch's inductor uses for CPU linears). With 8-16 rows
-  per member, what a decode step with B prompts per member is, oneDNN ran 1.6-3x the FLOP/s of bmm or
-  MKL's F.linear at SmolLM2-135M's shapes, and the panel kernel 1.4-1.7x oneDNN's (one thread of the
-  2-core EPYC: 50 vs 29-34 GFLOP/s at 8 rows x 576 x 1536);
+  (`torch.ops.mkldnn._linear_pointwise`, the one torch's inductor uses for CPU linears): with 8-16 rows
+  per member, what a decode step with B prompts per member is, the panel kernel beats oneDNN and oneDNN
+  beats bmm and MKL's F.linear;
 - low-rank members (`esgrpo.noise.Population` with low-rank noise): ONE matrix shared by all members,
   whose matmul takes all N x B rows at once, plus each member's (x B_n) A_n^T (EGGROLL, arXiv
   2511.16652); the norm weights (full-rank noise, one per member) are applied to the normalised
@@ -151,10 +150,10 @@ def packing_available(device: torch.device) -> bool:
 
 
 def _pack(w_out_in: Tensor, rows: int, values: MemberValues) -> Tensor | panel_matmul.Panels:
-    """One [out, in] matrix packed: as panels for `esgrpo.engines.panel_matmul` where it runs (1.4-1.7x
-    oneDNN's FLOP/s at 8-16 rows, measured there), into a block of the preparation's kept memory; else in
-    oneDNN's blocked layout for about `rows` rows per call (the hint picks the blocking; 8-32 gave the same
-    speed for 8-1280 rows, measured; oneDNN allocates it)."""
+    """One [out, in] matrix packed: as panels for `esgrpo.engines.panel_matmul` where it runs (the faster
+    at 8-16 rows), into a block of the preparation's kept memory; else in oneDNN's blocked layout for about
+    `rows` rows per call (the hint picks the blocking, which hardly matters: docs/references.md; oneDNN
+    allocates it)."""
     if panel_matmul.available(w_out_in.device):
         return panel_matmul.pack(w_out_in, data=values.take(panel_matmul.panels_shape(*w_out_in.shape)))
     return torch.ops.mkldnn._reorder_linear_weight(w_out_in.contiguous(), max(1, int(rows)))

@@ -9,9 +9,7 @@ engine is built, so this module imports anywhere; the pure helpers below are tes
   position), so a prompt's samples do not depend on what else is in the batch. vLLM seeds a
   request's j-th sample with seed + j, so consecutive prompts' seeds lie n apart
   (`request_seed`): one apart, prompt i's sample j+1 and prompt i+1's sample j would draw the
-  same random numbers (measured with vLLM's CPU build, 8 prompts x 16 samples of a tiny model:
-  the mean sampled -log p then missed the exact entropy by up to 7 standard errors over six
-  seeds; with disjoint seeds, within 2.1).
+  same random numbers, and the sampled entropy estimate would be biased (docs/references.md).
 - Log-probs: ``logprobs=k`` (k >= 0) returns, for every generated token, the sampled token's
   log-prob plus the top-k; by default vLLM reports them under the raw model distribution
   (before temperature / top-p: ``logprobs_mode="raw_logprobs"``), the same convention as

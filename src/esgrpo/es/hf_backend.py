@@ -192,7 +192,7 @@ class HFESBackend(ESBackend):
 
             save_model(self.model, self.tokenizer, model_dir)
         else:
-            from esgrpo.io import atomic_directory
+            from esgrpo.files import atomic_directory
 
             with atomic_directory(model_dir) as tmp:
                 self.model.save_pretrained(tmp)

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from esgrpo.checkpoint import ProgressFolder, fingerprint
 from esgrpo.es.backend import BackendStart, ESBackend, FitnessResult
 from esgrpo.es.ops import (
     all_equal,
@@ -43,9 +42,10 @@ from esgrpo.es.ops import (
     rollout_seed,
 )
 from esgrpo.es.settings import ESConfig
-from esgrpo.io import append_jsonl, read_json, write_json, write_jsonl
+from esgrpo.estimators import population_js_diversity
+from esgrpo.files import append_jsonl, read_json, write_json, write_jsonl
 from esgrpo.live import Eta, LiveLog, LiveSettings
-from esgrpo.metrics import population_js_diversity
+from esgrpo.progress import ProgressFolder, fingerprint
 from esgrpo.run_record import RunSummary, StepRow
 
 __all__ = ["SNAPSHOT_DIR", "run_record", "snapshot_dir", "snapshot_record", "train_es"]
@@ -157,7 +157,7 @@ def train_es(backend: ESBackend, rows: Sequence[Row], cfg: ESConfig, out_dir: st
 
     Checkpoints go to `progress_dir` every `cfg.checkpoint_every` iterations; a checkpoint of the
     same run (settings, rows, start weights) is resumed, anything else is cleared. The folder takes
-    one writer at a time (`esgrpo.checkpoint.WriterLock`). `live`: where the live curves go
+    one writer at a time (`esgrpo.progress.WriterLock`). `live`: where the live curves go
     (`esgrpo.live`; None: nowhere).
     """
     if not rows:

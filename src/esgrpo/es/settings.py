@@ -109,7 +109,7 @@ class ESConfig(SettingsDataclass):
         "help": "Nucleus (top-p) mass of sampled fitness rollouts (ignored when greedy)."})
     # Paper B's population diversity (docs/references.md): member m's success probability p_mq on prompt
     # q, the generalised JS divergence of the members' Bernoulli(p_mq), averaged over prompts
-    # (`esgrpo.metrics.population_js_diversity`). Greedy fitness makes p_mq the 0/1 outcome of the one
+    # (`esgrpo.estimators.population_js_diversity`). Greedy fitness makes p_mq the 0/1 outcome of the one
     # fitness rollout, exactly. Sampled, one rollout is a 0/1 draw whose JS is the entropy of the batch's
     # success rate even among identical members, so p_mq is estimated from js_samples rollouts: the
     # fitness one and js_samples - 1 more, drawn from a seed of their own (the trajectory is the same

@@ -71,7 +71,7 @@ from esgrpo.es.arithmetic import apply_update_in_place, perturbation
 from esgrpo.es.backend import BackendStart, ESBackend, FitnessResult
 from esgrpo.es.ops import apply_update, member_weights, select_trainable
 from esgrpo.es.settings import LOWRANK_ON_VLLM, ESConfig
-from esgrpo.io import atomic_directory
+from esgrpo.files import atomic_directory
 from esgrpo.models.tensor_files import DEFAULT_SHARD_BYTES, TensorFiles, local_model_dir, write_shards
 from esgrpo.noise import Noise
 

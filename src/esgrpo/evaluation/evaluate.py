@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from esgrpo.metrics import maj_at_n, mean_at_n, pass_at_k_curve
+from esgrpo.estimators import maj_at_n, mean_at_n, pass_at_k_curve
 from esgrpo.tasks.rewards import DEFAULT_RULES, check_rules, last_boxed, verifier_for
 
 

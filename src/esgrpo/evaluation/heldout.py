@@ -19,7 +19,7 @@ downloads at first use. Offline it comes from a package instead: nltk-punkt-toke
 English model, converted losslessly (its NOTICE), and :func:`write_punkt_tab` writes it in NLTK's
 ``punkt_tab`` layout with NLTK's own writer before lm-eval's IFEval module is imported.
 
-This module imports no lm-eval, torch or NLTK at import time: rules/common.smk and
+This module imports no lm-eval, torch or NLTK at import time: rules/targets.smk and
 esgrpo.report.planning read its planning functions while the DAG is parsed.
 """
 
@@ -272,7 +272,7 @@ def evaluate_heldout(input: dict, output: dict, params: dict, wildcards: dict, t
     """The workflow stage: one benchmark on one checkpoint -> output["summary"], output["prompts"]."""
     from importlib import metadata
 
-    from esgrpo.io import write_json, write_jsonl
+    from esgrpo.files import write_json, write_jsonl
     from esgrpo.provenance import provenance
 
     settings = params["settings"]

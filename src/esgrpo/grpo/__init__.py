@@ -4,5 +4,5 @@ Open ``trainer`` first (``train_grpo``: the TRL config built from our settings, 
 ``settings`` is ``GRPOSettings`` (every setting, the loss type and KL ``beta`` among them, documented
 where declared); ``launch`` runs the trainer in one process per GPU through ``accelerate launch``;
 ``distributed`` holds what each of those processes needs (gathered weights, the one writer);
-``metrics`` writes the per-step rows of metrics.jsonl in the ES trainer's schema (the TRL callback).
+``callbacks`` writes the per-step rows of metrics.jsonl in the ES trainer's schema (the TRL callback).
 """

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from esgrpo.distance import squared_norm
+from esgrpo.files import atomic_directory
 from esgrpo.grpo.settings import GRPOSettings
-from esgrpo.io import atomic_directory
 
 
 def rank() -> int:

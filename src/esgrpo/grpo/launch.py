@@ -29,10 +29,10 @@ from typing import Any
 
 import torch
 
+from esgrpo.files import read_json, read_jsonl, write_json, write_jsonl
 from esgrpo.grpo.distributed import rank
 from esgrpo.grpo.settings import GRPOSettings
 from esgrpo.grpo.trainer import train_grpo
-from esgrpo.io import read_json, read_jsonl, write_json, write_jsonl
 from esgrpo.live import LiveSettings
 from esgrpo.run_record import RunSummary
 

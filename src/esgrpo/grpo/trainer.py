@@ -10,8 +10,8 @@ optional KL); this module only wires the project into it:
 - `rows_to_dataset`: task rows -> a `datasets.Dataset` (per-task `meta` as JSON text, since
   Arrow needs one schema for every row);
 - `train_grpo`: load, train, write `metrics.jsonl` rows of the record ES writes too (`esgrpo.run_record`,
-  through `esgrpo.grpo.metrics`: one table reads both methods), resume from TRL checkpoints after a kill (the
-  progress folder: `esgrpo.checkpoint`), save the final model in HF layout; return the run's summary.
+  through `esgrpo.grpo.callbacks`: one table reads both methods), resume from TRL checkpoints after a kill (the
+  progress folder: `esgrpo.progress`), save the final model in HF layout; return the run's summary.
 
 The prompt order is decided here, not by TRL's sampler: TRL reshuffles each epoch from a
 stateful generator that a resumed run does not fast-forward, so a run resumed after its
@@ -41,13 +41,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from esgrpo.checkpoint import ProgressFolder, fingerprint
 from esgrpo.engines.vllm_engine import on_vllm_cpu, size_cpu_kv_cache
+from esgrpo.files import read_jsonl, write_jsonl
+from esgrpo.grpo.callbacks import MetricsRows, callback_class
 from esgrpo.grpo.distributed import load_policy, main_first, rank, save_policy, world_size
-from esgrpo.grpo.metrics import MetricsRows, callback_class
 from esgrpo.grpo.settings import GRPOSettings
-from esgrpo.io import read_jsonl, write_jsonl
 from esgrpo.live import LiveLog, LiveSettings
+from esgrpo.progress import ProgressFolder, fingerprint
 from esgrpo.run_record import RunSummary
 from esgrpo.tasks.rewards import DEFAULT_RULES, SCHEMES, VERIFIERS, check_rules, reward
 
@@ -163,7 +163,7 @@ def prompt_order(n_rows: int, steps: int, prompts_per_step: int, seed: int) -> l
 # --------------------------------------------------------------------------- progress folder
 # progress_dir/checkpoint-N/      TRL checkpoints (model, optimiser, scheduler, RNG, trainer_state.json)
 # progress_dir/metrics.jsonl      every logged step so far (rewritten atomically each step)
-# progress_dir/run.json           fingerprint of the run the checkpoints belong to (`esgrpo.checkpoint`)
+# progress_dir/run.json           fingerprint of the run the checkpoints belong to (`esgrpo.progress`)
 
 CHECKPOINT_PREFIX = "checkpoint-"
 
@@ -385,7 +385,7 @@ def train_grpo(model_dir_or_ref: str | os.PathLike, rows: Sequence[Row], verifie
     `esgrpo.tasks.rewards.VERIFIERS`. TRL checkpoints go to `progress_dir` every
     `settings.save_every` steps; a rerun with the same settings, rows and start model resumes
     from the newest whole checkpoint (another run's leftovers are cleared). The folder takes one
-    writer at a time (`esgrpo.checkpoint.WriterLock`; in a multi-process launch, rank 0's). `live`:
+    writer at a time (`esgrpo.progress.WriterLock`; in a multi-process launch, rank 0's). `live`:
     where rank 0 writes the live curves (`esgrpo.live`; None: nowhere).
     """
     settings = settings if isinstance(settings, GRPOSettings) else GRPOSettings.from_dict(settings)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from esgrpo.metrics import bootstrap_ci, pass_at_k
+from esgrpo.estimators import bootstrap_ci, pass_at_k
 
 
 def weights_sha256(model_dir: str | Path) -> str:

@@ -33,7 +33,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: str = "float32", device: 
 
 def save_model(model, tokenizer, out_dir: str | os.PathLike) -> None:
     """HF layout with safetensors, written to a temporary folder and renamed into place."""
-    from esgrpo.io import atomic_directory
+    from esgrpo.files import atomic_directory
 
     with atomic_directory(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)

@@ -204,11 +204,11 @@ def analysis_job(config: dict[str, Any], record: AnalysisJob, arch: Architecture
     rule = f"analysis_{kind}"
     if kind in ("drift", "cosine", "theory"):
         # drift loads the run, the base and, for a run that started elsewhere (a sequential stage, a snapshot),
-        # its start (esgrpo.workflow.stages.analysis.drift_stage): planned as three copies for every run, the
-        # rehearsal's drift of a main run measured 1.32 GiB PSS against 2.0 GiB planned
+        # its start (esgrpo.workflow.stages.analysis.drift_stage): two copies for a run that started at the base,
+        # three otherwise (three for every run overplanned the rehearsal's main runs: docs/rehearsal.md, fix 11)
         if kind == "drift":
             copies = 2 if run_spec(config, model, task, name).init is None else 3
-        elif kind == "cosine":  # named by its seed: the deltas of its pairs' runs (rules/common.smk,
+        elif kind == "cosine":  # named by its seed: the deltas of its pairs' runs (rules/inputs.smk,
             seed = int(name.removeprefix("s"))  # analysis_cosine_pairs): ES and GRPO, and the next seed's of each
             copies = 2 + sum(next_seed(config, method, seed) is not None for method in ("es", "grpo"))
         else:  # theory: metrics files only

@@ -559,13 +559,13 @@ def _plan_cpu(job: JobSpec) -> JobPlan:
         phases = host.eval_cpu(arch, batch=batch, prompt=job.prompt_tokens, new=new, weight_dtype=job.weight_dtype)
         if job.rule in ("analysis_sparsity", "analysis_interpolation"):
             # the checkpoints and deltas it combines, beside the evaluator's model: planned without them, the
-            # rehearsal's sparsity job measured 3.95 GiB PSS against 1.9 planned
+            # rehearsal's sparsity job used twice its plan (docs/rehearsal.md, "Fixed by the first run")
             phases["generate"].update(host.analysis_held(arch, job.rule))
         seconds = runtime.cpu_generation_seconds(arch, job.prompts * job.samples, new)
         return JobPlan(job, 0, None, 0, peak(phases), seconds)
     if job.method == "score":  # forward passes only: 2 x parameters FLOPs a token
-        # each model's [batch, tokens, vocab] fp32 logits and their log-softmax, as on a GPU (the rehearsal's KL
-        # jobs measured up to 2.03 GiB PSS against the 1.5 GiB of the models alone)
+        # each model's [batch, tokens, vocab] fp32 logits and their log-softmax, as on a GPU: the models alone
+        # left the rehearsal's KL jobs above their plan (docs/rehearsal.md, fix 11)
         batch = max(1, min(job.eval_batch, job.prompts * job.samples))
         phases = host.compare_cpu(arch, job.copies)
         phases["compare"]["logits and log-softmax (fp32)"] = job.copies * 2 * batch * job.max_model_len * arch.vocab_size * 4

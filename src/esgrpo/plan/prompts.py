@@ -148,7 +148,7 @@ def longest_prompts(data_dir: Path, files: dict[str, Path], model: str) -> dict[
     """{split: tokens of its longest prompt} for the splits of `data_dir` that exist, read from the
     cache when neither the data nor the tokenizer changed, else measured (and the cache rewritten).
     ValueError (naming the file) when the template or a row cannot be rendered."""
-    from esgrpo.io import read_jsonl, write_json
+    from esgrpo.files import read_jsonl, write_json
 
     present = {split: data_dir / name for split, name in SPLIT_FILES.items() if (data_dir / name).exists()}
     if not present:

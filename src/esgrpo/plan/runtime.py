@@ -77,9 +77,8 @@ REWARD_SECONDS = 1e-3
 START_SECONDS, LOAD_BYTES_PER_S = 60.0, 1e9
 # vLLM's CPU build compiles a model's forward before its first request (torch.compile; ES engines run
 # eager and skip it), for every checkpoint anew (its compile cache is keyed by the model's path, among
-# others: vllm/config/model.py, ModelConfig.compute_hash): ~3.5 min of each evaluation job's 4.5-6 min for
-# SmolLM2-135M on one core of the rehearsal machine (docs/rehearsal.md; 424 s was measured before the
-# local Slurm bound jobs to their cores, with two engines on one core).
+# others: vllm/config/model.py, ModelConfig.compute_hash): most of each evaluation job's time for
+# SmolLM2-135M on one core of the rehearsal machine (measured: docs/rehearsal.md, fix 13).
 VLLM_CPU_COMPILE_SECONDS = 240.0
 # CPU (see the module docstring).
 CPU_FLOPS, CPU_SECONDS_PER_TOKEN = 20e9, 1 / 15000

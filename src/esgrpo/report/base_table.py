@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from esgrpo.io import read_json
+from esgrpo.files import read_json
 from esgrpo.report.figures import log2_k_axis, pyplot, save_figure
 from esgrpo.report.writing import format_floats, write_table
 

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from esgrpo.analysis.theory import fit_sq_norm_vs_t
-from esgrpo.metrics import barrier_height
+from esgrpo.estimators import barrier_height
 from esgrpo.report.loading import StageInputs, run_labels, variant_of, with_labels
 from esgrpo.report.planning import ZSCORE_ONE_SIDED, judged_tasks
 from esgrpo.report.registry import ES_KINDS
@@ -226,7 +226,7 @@ def js_gain_frame(data: StageInputs) -> pd.DataFrame:
 
 
 def barrier_heights(interp: pd.DataFrame) -> pd.DataFrame:
-    """Barrier heights along the ES-GRPO path (esgrpo.metrics.barrier_height) per (model, task, seed,
+    """Barrier heights along the ES-GRPO path (esgrpo.estimators.barrier_height) per (model, task, seed,
     eval_task) and metric (greedy accuracy, mean@n), with ``on_task`` = evaluated on the training task."""
     cols = ["model", "task", "seed", "on_task", "metric", "barrier"]
     if interp.empty or "path" not in interp:

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from esgrpo.analysis.settings import ANALYSES
-from esgrpo.io import read_jsonl
-from esgrpo.metrics import pass_at_k
+from esgrpo.estimators import pass_at_k
+from esgrpo.files import read_jsonl
 from esgrpo.report.planning import (
     ALIASED_ANALYSES,
     BASE,

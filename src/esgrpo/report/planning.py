@@ -1,6 +1,6 @@
 """What each paper table and figure reads, and the kinds of run it reads them for.
 
-This is the one report module ``rules/common.smk`` imports (the input functions of the table and
+This is the one report module ``rules/targets.smk`` imports (the input functions of the table and
 figure rules): it imports neither pandas nor torch, so the DAG parse stays light. A run's kind
 (``es``, ``es_pop``, ``grpo``, ``cl_es``, ...) is its role in the grid: the run name
 (:func:`esgrpo.runs.parse_run_name`) read against the config's main population and group size.

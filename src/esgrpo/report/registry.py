@@ -1,7 +1,7 @@
 """The registry of paper stages: every table and figure of papers A and B and the claims tables, each
 with its paper, what it reads, its caption and the function that makes it.
 
-The rules (rules/common.smk, rules/paper.smk) make one rule per entry, the planner (esgrpo.report.planning)
+The rules (rules/targets.smk, rules/paper.smk) make one rule per entry, the planner (esgrpo.report.planning)
 reads each entry's inputs from `needs`, and the report runs it by `entry` (`esgrpo.report.loading.run_paper_stage`, through
 workflow_scripts/paper_stage.py). It imports nothing heavy: the DAG parse reads it; the stage's module
 (pandas, seaborn) is imported when the stage runs.

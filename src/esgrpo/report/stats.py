@@ -39,7 +39,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from esgrpo.metrics import bootstrap_ci, bootstrap_ci_grouped
+from esgrpo.estimators import bootstrap_ci, bootstrap_ci_grouped
 
 N_BOOT = 2000
 TAIL = 0.1  # a training-curve window: the first / last 10% of a run's logged steps ...

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from esgrpo.io import atomic_write_text
+from esgrpo.files import atomic_write_text
 from esgrpo.report.planning import METHOD_ORDER
 from esgrpo.report.stats import BUDGETS
 

@@ -238,9 +238,8 @@ def _prediction_text(completion: str, box: str | None) -> str | None:
     return None if _pathological(text) else text
 
 
-# A pure function of two strings, called for every sample; at small scale most samples repeat an
-# answer (a 32-sample evaluation of one checkpoint grades ~2,000 completions, ~400 of them reach
-# math-verify at ~12 ms each, measured): remember the verdicts.
+# A pure function of two strings, called for every sample, and most samples repeat an answer
+# (docs/references.md counts it): remember the verdicts.
 @functools.lru_cache(maxsize=1 << 16)
 def grade_math(completion: str, gold: str) -> bool:
     """Whether the completion's final answer equals `gold` (math-verify semantics).

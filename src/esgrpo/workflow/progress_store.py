@@ -2,7 +2,7 @@
 plugin; docs/cluster.md, "Kubernetes and cloud batch").
 
 Under a default storage provider Snakemake moves a job's declared outputs, after the job succeeds. The progress
-folder (esgrpo.checkpoint) is not a declared output, so that a failed job keeps it; without a shared filesystem it
+folder (esgrpo.progress) is not a declared output, so that a failed job keeps it; without a shared filesystem it
 would stay on the node or pod that ran the killed job. So the training job mirrors it itself:
 
 - before training, the stored folder is fetched into the (empty) local one;
@@ -11,7 +11,7 @@ would stay on the node or pod that ran the killed job. So the training job mirro
   `<name>.stored` is stored after its files, and removes the checkpoints the trainer removed. A checkpoint fetched is one whose marker is there: a job
   killed while storing leaves a checkpoint without marker, never a partial one that a resume would read.
 
-rules/common.smk names the provider and the prefix at parse time (ENV); the job reads the provider's settings
+rules/config.smk names the provider and the prefix at parse time (ENV); the job reads the provider's settings
 (endpoint, keys) from the environment variables Snakemake's storage plugins read (SNAKEMAKE_STORAGE_S3_*, ...).
 """
 
@@ -26,12 +26,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from esgrpo.checkpoint import LOCK_NAME
+from esgrpo.progress import LOCK_NAME
 
 ENV = "ESGRPO_PROGRESS_STORE"
 MARKER = ".stored"
-_SKIPPED_PREFIX = ".tmp-"  # esgrpo.checkpoint's checkpoints and locks being written
-# A checkpoint's last file: ES writes state.json before the folder takes its name (esgrpo.checkpoint), TRL writes
+_SKIPPED_PREFIX = ".tmp-"  # esgrpo.progress's checkpoints and locks being written
+# A checkpoint's last file: ES writes state.json before the folder takes its name (esgrpo.progress), TRL writes
 # trainer_state.json last (esgrpo.grpo.trainer._complete). Stored last, and the marker only once it is there.
 STATE_FILES = ("state.json", "trainer_state.json")
 

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from esgrpo.io import write_json
+from esgrpo.files import write_json
 
 ACCOUNT_ENV = "ESGRPO_SLURM_ACCOUNT"
 # The site's GPU type (a key or GRES alias of esgrpo/plan/gpus.py): the GRES name GPU jobs ask for and the

@@ -61,7 +61,7 @@ Columns (the first ones are those the tables read; trailing ones identify the fi
   coefficient; for dir-es / dir-grpo / dir-random it is the distance in units of ||dES||
   (``scan_multiples``). ``step`` is always the L2 distance from theta0 (signed for scans).
   The JSON beside it: norm_es, norm_grpo, cosine and ``barriers`` = records path, eval_task,
-  metric (greedy | mean@n), barrier_height (esgrpo.metrics.barrier_height),
+  metric (greedy | mean@n), barrier_height (esgrpo.estimators.barrier_height),
   start, end, min, for the three lam paths (a barrier is not defined for the scans).
 """
 
@@ -82,10 +82,10 @@ from esgrpo.analysis.settings import DELTA_F64_LIMIT
 from esgrpo.analysis.sparsity import sparsity_points
 from esgrpo.engines.local import local_engine
 from esgrpo.engines.rollout import HFEngine, prompt_texts
+from esgrpo.estimators import barrier_height
 from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
-from esgrpo.io import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
+from esgrpo.files import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
 from esgrpo.live import Eta
-from esgrpo.metrics import barrier_height
 from esgrpo.models.loading import load_model
 from esgrpo.workflow.stages.data import load_rows
 

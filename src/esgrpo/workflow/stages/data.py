@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from esgrpo.io import read_jsonl, write_json, write_jsonl
+from esgrpo.files import read_jsonl, write_json, write_jsonl
 from esgrpo.pins import pinned_split_file
 from esgrpo.provenance import provenance
 from esgrpo.tasks.registry import get_task

@@ -11,7 +11,7 @@ import time
 
 from esgrpo.engines.local import local_engine
 from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
-from esgrpo.io import read_json, write_json, write_jsonl
+from esgrpo.files import read_json, write_json, write_jsonl
 from esgrpo.live import Eta
 from esgrpo.models.loading import load_model
 from esgrpo.provenance import provenance

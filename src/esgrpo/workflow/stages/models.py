@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from esgrpo.io import read_json, read_jsonl, write_json
+from esgrpo.files import read_json, read_jsonl, write_json
 from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
 from esgrpo.models.fingerprint import base_fingerprint, compare_to_reference
 from esgrpo.models.loading import count_parameters, save_model

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import pandas as pd
 
 from esgrpo.analysis.theory import expected_es_sq_norm, fit_sq_norm_vs_t
-from esgrpo.io import atomic_write_text, read_json, read_jsonl, write_json
+from esgrpo.files import atomic_write_text, read_json, read_jsonl, write_json
 
 THEORY_COLUMNS = ["iteration", "updates", "distance", "sq_distance", "theory_sq"]
 

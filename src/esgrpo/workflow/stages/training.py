@@ -8,10 +8,10 @@ import shutil
 from contextlib import nullcontext
 from pathlib import Path
 
-from esgrpo.checkpoint import WriterLock
-from esgrpo.io import atomic_directory, read_json, read_jsonl, write_json, write_jsonl
+from esgrpo.files import atomic_directory, read_json, read_jsonl, write_json, write_jsonl
 from esgrpo.live import live_settings
 from esgrpo.models.loading import load_model
+from esgrpo.progress import WriterLock
 from esgrpo.provenance import provenance
 from esgrpo.run_record import RunSummary
 from esgrpo.tasks.rewards import reward

@@ -1,4 +1,4 @@
-"""Unit tests of esgrpo.metrics against brute force and closed forms."""
+"""Unit tests of esgrpo.estimators against brute force and closed forms."""
 
 import itertools
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from esgrpo.metrics import (
+from esgrpo.estimators import (
     bernoulli_js_divergence,
     bootstrap_ci,
     bootstrap_ci_grouped,

@@ -8,7 +8,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from esgrpo.io import append_jsonl, atomic_directory, read_jsonl, write_json
+from esgrpo.files import append_jsonl, atomic_directory, read_jsonl, write_json
 from esgrpo.runs import (
     RUN_PATTERN,
     SNAPSHOT_RUN_PATTERN,

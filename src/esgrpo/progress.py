@@ -9,7 +9,7 @@ A trainer keeps what it needs to resume after a kill in its run's progress folde
 - `fingerprint`: a digest of what decides a run's trajectory (settings, rows, start weights); a
   folder holding another run's checkpoints is cleared on a fresh start, never resumed.
 - `ProgressFolder.write_checkpoint`: a checkpoint is filled under a temporary name, synced and
-  renamed (`esgrpo.io.atomic_directory`), so it exists whole or not at all (TRL writes its own and
+  renamed (`esgrpo.files.atomic_directory`), so it exists whole or not at all (TRL writes its own and
   `esgrpo.grpo.trainer` checks them).
 - `WriterLock`: a second trainer on a held folder stops with the folder and the holder named (two
   writers would interleave checkpoints: docs/cluster.md says to `scancel` old jobs before restarting
@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from esgrpo.io import atomic_directory, read_json, write_json
+from esgrpo.files import atomic_directory, read_json, write_json
 
 __all__ = ["LOCK_NAME", "ProgressFolder", "ProgressFolderLocked", "WriterLock", "fingerprint"]
 

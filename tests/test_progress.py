@@ -1,4 +1,4 @@
-"""Progress folders (esgrpo.checkpoint): the writer lock against real other processes, whole checkpoints,
+"""Progress folders (esgrpo.progress): the writer lock against real other processes, whole checkpoints,
 fresh starts and the run fingerprint. The trainers' own lock tests are in test_es.py and test_grpo.py."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from esgrpo.checkpoint import LOCK_NAME, ProgressFolder, ProgressFolderLocked, WriterLock, fingerprint
+from esgrpo.progress import LOCK_NAME, ProgressFolder, ProgressFolderLocked, WriterLock, fingerprint
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 ENV = {**os.environ, "PYTHONPATH": str(SRC)}
-HOLD = ("import sys, time\nfrom esgrpo.checkpoint import WriterLock\n"
+HOLD = ("import sys, time\nfrom esgrpo.progress import WriterLock\n"
         "with WriterLock(sys.argv[1]):\n    print('held', flush=True)\n    time.sleep(120)\n")
 
 
@@ -53,7 +53,7 @@ def test_a_live_holder_is_refused_by_name_and_a_dead_one_is_taken_over(tmp_path)
         with WriterLock(tmp_path):  # one process is one writer: a stage and its trainer may both take it
             pass
         assert (tmp_path / LOCK_NAME).exists()  # the inner exit does not give it back
-        second = subprocess.run([sys.executable, "-c", "import sys\nfrom esgrpo.checkpoint import WriterLock\n"
+        second = subprocess.run([sys.executable, "-c", "import sys\nfrom esgrpo.progress import WriterLock\n"
                                  "WriterLock(sys.argv[1]).acquire()", str(tmp_path)], env=ENV, capture_output=True,
                                 text=True)
         assert second.returncode == 1 and f"pid {os.getpid()} on host" in second.stderr
@@ -102,7 +102,7 @@ def test_of_processes_racing_for_one_stale_lock_exactly_one_wins(tmp_path):
     stale = {"host": socket.gethostname(), "pid": int(gone.stdout), "started": "1", "token": "stale"}
     (tmp_path / LOCK_NAME).write_text(json.dumps(stale))
     go = tmp_path / "go"
-    racer = ("import sys, time, pathlib\nfrom esgrpo.checkpoint import WriterLock, ProgressFolderLocked\n"
+    racer = ("import sys, time, pathlib\nfrom esgrpo.progress import WriterLock, ProgressFolderLocked\n"
              "lock = WriterLock(sys.argv[1])\n"
              "while not pathlib.Path(sys.argv[2]).exists(): time.sleep(0.001)\n"
              "try:\n    lock.acquire()\nexcept ProgressFolderLocked:\n    print('lost', flush=True)\n"

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from esgrpo.files import write_jsonl
 from esgrpo.grpo.distributed import host_copy, norm_to
 from esgrpo.grpo.settings import GRPOSettings
-from esgrpo.io import write_jsonl
 from esgrpo.live import Eta, LiveLog
 from esgrpo.run_record import StepRow
 
