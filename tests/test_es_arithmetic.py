@@ -202,6 +202,26 @@ def test_the_population_engine_builds_the_chain_members(tokenizer_rows):
         assert all(torch.equal(ends[n], fresh[n]) for n in weights)
 
 
+@pytest.mark.parametrize("variant", ["paper_a/inplace_sequential", "paper_b/inplace_summed"])
+def test_training_through_the_population_engine_updates_the_chain_end(tokenizer_rows, variant, tmp_path):
+    """train_es with the real population engine (which generates in inference mode) and a paper's arithmetic:
+    the update adds into the weights the members' restores left, two iterations running, as `make run` does."""
+    from esgrpo.engines.population import population_generate
+
+    tokenizer, rows = tokenizer_rows
+    seeding, arithmetic = variant.split("/")
+    cfg = ESConfig(population_size=4, sigma=0.05, alpha=0.02, max_new_tokens=4, iterations=2,
+                   prompts_per_iteration=2, noise_seeding=seeding, arithmetic=arithmetic)
+    model = tiny_llama(vocab=len(tokenizer), layers=1).to(torch.bfloat16)
+    start = {n: p.detach().clone() for n, p in model.named_parameters()}
+    verifier = lambda text, row: float(len(text) % 3) / 2  # noqa: E731
+    backend = HFESBackend(model, tokenizer, make_population_evaluator(model, tokenizer, verifier, population_generate))
+    summary = train_es(backend, rows, cfg, tmp_path / "o", tmp_path / "p", log=lambda s: None)
+    assert summary.updates >= 1 and all(t.dtype == torch.bfloat16 for t in backend.theta.values())
+    assert any(not torch.equal(backend.theta[n], start[n]) for n in start)
+    assert all(torch.equal(p.detach(), backend.theta[n]) for n, p in model.named_parameters())
+
+
 @pytest.fixture(scope="module")
 def tokenizer_rows():
     from esgrpo.models.default import train_tokenizer

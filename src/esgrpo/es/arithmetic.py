@@ -85,8 +85,11 @@ class InPlacePopulation(Population):
         self._chains: dict[str, tuple[int, Tensor]] = {}  # name -> (next member, the tensor after its restore)
         self._ends: dict[str, Tensor] = {}  # name -> the tensor after the last member's restore
 
+    @torch.inference_mode(False)
+    @torch.no_grad()
     def _value(self, index: int, name: str) -> Tensor:
-        """Member `index`'s value of one tensor, in the weights' dtype."""
+        """Member `index`'s value of one tensor, in the weights' dtype. Out of inference mode even when an
+        evaluator asks from inside it: the chain's end becomes the weights, which the update adds into."""
         base = self.theta[name]
         start, current = self._chains.get(name, (0, base))
         if index < start:
