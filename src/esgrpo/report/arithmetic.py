@@ -36,28 +36,35 @@ def arithmetic_of(run: str) -> str:
     return parse_run_name(run).arithmetic or "exact"
 
 
-def _compared(frame: pd.DataFrame, cells: set[tuple[str, str, int]]) -> pd.DataFrame:
-    """Rows of the runs compared: a papers' arithmetic run, or an exact ES run of the same model, task and
-    population as one; with an `arithmetic` column (its label)."""
+Cells = dict[tuple[str, str, int], set[int]]  # (model, task, population) -> the seeds of its arithmetic runs
+
+
+def _compared(frame: pd.DataFrame, cells: Cells) -> pd.DataFrame:
+    """Rows of the runs compared: a papers' arithmetic run, or an exact ES run of the same model, task,
+    population and seed as one; with an `arithmetic` column (its label)."""
     if frame.empty:
         return frame.assign(arithmetic=pd.Series(dtype=str))
     es = frame[frame["kind"].isin(["es", "es_arith"])]
     population = es["run"].map(lambda r: run_labels(r)["population"])
-    keep = [(m, t, int(n)) in cells for m, t, n in zip(es["model"], es["task"], population, strict=True)]
+    keep = [seed in cells.get((m, t, int(n)), ()) for m, t, n, seed
+            in zip(es["model"], es["task"], population, es["seed"], strict=True)]
     es = es[keep]
     return es.assign(arithmetic=es["run"].map(lambda r: ARITHMETIC_LABELS[arithmetic_of(r)]))
 
 
-def _cells(data: StageInputs) -> set[tuple[str, str, int]]:
-    """(model, task, population) of every run of a paper's arithmetic."""
+def _cells(data: StageInputs) -> Cells:
+    """(model, task, population) of every run of a paper's arithmetic -> the seeds it was run on."""
     metrics = data.metrics
+    cells: Cells = {}
     if metrics.empty:
-        return set()
-    runs = metrics.loc[metrics["kind"] == "es_arith", ["model", "task", "run"]].drop_duplicates()
-    return {(m, t, int(run_labels(r)["population"])) for m, t, r in runs.itertuples(index=False)}
+        return cells
+    runs = metrics.loc[metrics["kind"] == "es_arith", ["model", "task", "run", "seed"]].drop_duplicates()
+    for m, t, r, seed in runs.itertuples(index=False):
+        cells.setdefault((m, t, int(run_labels(r)["population"])), set()).add(int(seed))
+    return cells
 
 
-def _drift_rows(drift: pd.DataFrame, cells: set[tuple[str, str, int]]) -> list[dict]:
+def _drift_rows(drift: pd.DataFrame, cells: Cells) -> list[dict]:
     """Paper B's drift findings per arithmetic: the ES/GRPO relative-L2 ratio and the norm layers' share."""
     if drift.empty:
         return []
@@ -69,7 +76,7 @@ def _drift_rows(drift: pd.DataFrame, cells: set[tuple[str, str, int]]) -> list[d
     rows = []
     for (model, task, arithmetic), g in es.groupby(["model", "task", "arithmetic"], sort=True):
         keys = {"model": model, "task": task, "metric": METRICS[4], "arithmetic": arithmetic}
-        against = grpo[(grpo["model"] == model) & (grpo["task"] == task)]
+        against = grpo[(grpo["model"] == model) & (grpo["task"] == task) & grpo["seed"].isin(g["seed"])]
         if not against.empty:
             rows.append(stat(keys, ratio_ci(g, against, "relative_l2"),
                              n_seeds=len(set(g["seed"]) & set(against["seed"]))))
