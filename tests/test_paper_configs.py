@@ -59,8 +59,9 @@ def expected_jobs(name: str) -> dict[str, int]:
         # seeds 0, 1, 2 x {ES N=8 full-rank, ES N=8 rank 4, paper A's and paper B's arithmetic, GRPO G=4}
         runs = 3 * 5
         return {"convert_gguf_model": 1, "prepare_task": 1, "eval_base": 1, "train_run": runs, "eval_run": runs,
-                # drift: the main ES and GRPO runs per seed; norm theory: every ES run (full-rank, rank 4, arithmetic)
-                "analysis_drift": 2 * 3, "analysis_theory": 4 * 3, "table_base_passk": 1}
+                # drift: the main ES and GRPO runs and both arithmetic runs per seed (tables/es_arithmetic);
+                # norm theory: every ES run (full-rank, rank 4, arithmetic)
+                "analysis_drift": 4 * 3, "analysis_theory": 4 * 3, "table_base_passk": 1}
     raise KeyError(name)
 
 
