@@ -154,15 +154,16 @@ def apply_update_in_place(weights: Mapping[str, Tensor], seeds_signs: Sequence[t
     squares = 0.0
     for name, value in weights.items():
         before = value.clone()
-        total = None
-        if arithmetic == "inplace_summed" or agreement is not None:  # the intended step: the fp32 sum
+        total = None  # the intended step, the fp32 sum: paper B's update, and what `agreement` compares with
+        if arithmetic == "inplace_summed" or agreement is not None:
             total = torch.zeros(value.shape, dtype=torch.float32, device=value.device)
-            for seed, c in coefficients:
-                total.add_(draw_of(seed, name, value.shape, value.device).float(), alpha=c)
-        if arithmetic == "inplace_sequential":
-            for seed, c in coefficients:
-                value.add_((draw_of(seed, name, value.shape, value.device) * c).to(value.dtype))
-        else:
+        for seed, c in coefficients:  # one draw per member serves both
+            draw = draw_of(seed, name, value.shape, value.device)
+            if total is not None:
+                total.add_(draw.float(), alpha=c)
+            if arithmetic == "inplace_sequential":
+                value.add_((draw * c).to(value.dtype))
+        if arithmetic == "inplace_summed":
             value.add_(total.to(value.dtype))
         squares += squared_norm(value, before)
         if agreement is not None:

@@ -104,11 +104,9 @@ def _as_main(frame: pd.DataFrame, arithmetic: str, task: str, seeds: set[int]) -
 def claim_verdicts(data: StageInputs) -> pd.DataFrame:
     """ARITHMETIC_CLAIMS judged per arithmetic on the ablation task and the seeds of the papers' arithmetic
     runs (the claims table's estimators and verdicts); `survives`: the exact arithmetic's verdict."""
-    metrics, task = data.metrics, data.setup.get("ablation_task")
-    if metrics.empty or task is None:
-        return pd.DataFrame()
-    seeds = set(metrics.loc[metrics["kind"] == "es_arith", "seed"])
-    if not seeds:
+    task = data.setup.get("ablation_task")
+    seeds = set().union(*_cells(data).values())
+    if task is None or not seeds:
         return pd.DataFrame()
     claims = {c.id: c for c in CLAIMS}
     rows = []
