@@ -7,7 +7,6 @@ lm-eval's `vllm` model on the local MMLU / IFEval copies. One small workflow run
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -102,17 +101,27 @@ def test_es_runs_on_two_vllm_engines_from_the_plan_and_exports_for_transformers(
     assert distance == pytest.approx(summary["distance_from_init"], rel=1e-5) and distance > 0
 
 
-def _stage_process(workdir: Path, run: str, out: Path, progress: Path, log: Path) -> subprocess.Popen:
-    """train_run of `run` with the workflow's own params in a process group of its own (as a SLURM job's)."""
+def _stage_process(workdir: Path, run: str, out: Path, progress: Path, log: Path,
+                   kill_at_checkpoint: int | None = None) -> subprocess.Popen:
+    """train_run of `run` with the workflow's own params in a process group of its own (as a SLURM job's).
+    `kill_at_checkpoint`: the job sends SIGKILL to its whole group (driver, Ray, engines) when it is about to
+    write that checkpoint, its iteration's rollouts and update done: a kill -9 at a known point (a test that
+    polls for it from outside raced a fast machine and missed the window)."""
     params = {**_params(workdir, run), "progress_dir": str(progress)}
     call = {"input": {"train": str(workdir / "results/vllm/data/sum_yesno/train.jsonl"),
                       "info": str(workdir / "results/vllm/data/sum_yesno/info.json")},
             "output": {"summary": str(out / "summary.json")}, "params": params,
             "wildcards": {"model": "tiny", "task": "sum_yesno", "run": Path(run).name}, "threads": 1}
-    code = ("import json, sys; from esgrpo.workflow.stages.training import train_run; "
+    code = ("import json, os, signal, sys; from esgrpo.progress import ProgressFolder; "
+            "from esgrpo.workflow.stages.training import train_run; "
+            "write, kill_at = ProgressFolder.write_checkpoint, json.loads(sys.argv[2])\n"
+            "def write_or_die(self, step, *args):\n"
+            "    if step == kill_at: os.killpg(os.getpgid(0), signal.SIGKILL)\n"
+            "    return write(self, step, *args)\n"
+            "ProgressFolder.write_checkpoint = write_or_die\n"
             "train_run(**json.loads(sys.argv[1]))")
-    return subprocess.Popen([sys.executable, "-c", code, json.dumps(call)], cwd=workdir, start_new_session=True,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
+    return subprocess.Popen([sys.executable, "-c", code, json.dumps(call), json.dumps(kill_at_checkpoint)],
+                            cwd=workdir, start_new_session=True, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
 def _pids_of_group(group: int) -> list[int]:
@@ -121,19 +130,13 @@ def _pids_of_group(group: int) -> list[int]:
 
 
 def test_es_on_vllm_resumed_after_kill_9_ends_on_the_uninterrupted_runs_weights(workdir, tmp_path):
-    """kill -9 of the whole job (driver, Ray, both engines) as soon as it has checkpointed iteration 2 or a
-    later one (after an update) of 4; the rerun resumes there and exports the very bytes of the workflow's
-    uninterrupted run. Past the engines' start an iteration takes a fraction of a second: polled often."""
+    """kill -9 of the whole job (driver, Ray, both engines) in iteration 3 of 4, after the checkpoint of
+    iteration 2 (past an update); the rerun resumes there and exports the very bytes of the workflow's
+    uninterrupted run."""
     out, progress = tmp_path / "run", tmp_path / "progress"
-    job = _stage_process(workdir, ES_RUN, out, progress, tmp_path / "killed.log")
-    deadline, steps = time.time() + 600, []
-    while job.poll() is None and time.time() < deadline:
-        steps = [int(p.parent.name.removeprefix("step-")) for p in progress.glob("step-*/state.json")]
-        if any(2 <= step < 4 for step in steps):
-            os.killpg(job.pid, signal.SIGKILL)
-            break
-        time.sleep(0.02)
-    assert job.wait() == -signal.SIGKILL, (steps, (tmp_path / "killed.log").read_text()[-3000:])
+    job = _stage_process(workdir, ES_RUN, out, progress, tmp_path / "killed.log", kill_at_checkpoint=3)
+    assert job.wait(timeout=600) == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
+    assert [p.parent.name for p in progress.glob("step-*/state.json")] == ["step-2"]
     for _ in range(60):  # Ray's and vLLM's processes of the group go down with it
         if not _pids_of_group(job.pid):
             break
@@ -143,7 +146,7 @@ def test_es_on_vllm_resumed_after_kill_9_ends_on_the_uninterrupted_runs_weights(
     rerun = _stage_process(workdir, ES_RUN, out, progress, tmp_path / "resumed.log")
     assert rerun.wait(timeout=600) == 0, (tmp_path / "resumed.log").read_text()[-3000:]
     summary = read_json(out / "summary.json")
-    assert 2 <= summary["resumed_from"] < 4
+    assert summary["resumed_from"] == 2
     assert f"es: resuming after iteration {summary['resumed_from']} of 4" in (tmp_path / "resumed.log").read_text()
     reference = workdir / ES_RUN / "model" / "model.safetensors"
     assert (out / "model" / "model.safetensors").read_bytes() == reference.read_bytes()
