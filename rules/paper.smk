@@ -30,6 +30,7 @@ for _table, _category in PAPER_TABLES.items():
         params:
             stage=_table,
             setup=PAPER_SETUP,
+            jobs=paper_jobs_function(_table),
         script:
             "../workflow_scripts/paper_stage.py"
 
@@ -58,6 +59,7 @@ for _figure, _category in PAPER_FIGURES.items():
         params:
             stage=_figure,
             setup=PAPER_SETUP,
+            jobs=paper_jobs_function(_figure),
         script:
             "../workflow_scripts/paper_stage.py"
 

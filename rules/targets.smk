@@ -36,6 +36,15 @@ def paper_input_function(name):
     return inputs
 
 
+def paper_jobs_function(name):
+    """The job of each input file, in the inputs' order (the stage reads model, task and run from it)."""
+
+    def jobs(wildcards):
+        return paper_planning.paper_input_jobs(config, name, ANALYSIS_JOBS, RESULTS)
+
+    return jobs
+
+
 def paper_a_targets():
     return [
         *[p for n in stage_names("Paper A", "table") for p in table_targets(n)],

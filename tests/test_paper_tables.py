@@ -190,12 +190,22 @@ def _outputs(tmp: Path, name: str, figure: bool = False) -> dict:
     return {ext: str(tmp / "tables" / f"{name}.{ext}") for ext in ("csv", "md", "tex", "html")}
 
 
-def build(root: Path, name: str, analysis: list[str], config: dict = CONFIG, figure: bool = False) -> dict:
+def build(root: Path, name: str, analysis: list, config: dict = CONFIG, figure: bool = False) -> dict:
+    """Stage `name` as its rule runs it: the planned inputs, and their jobs as params."""
     inputs = planning.paper_inputs(config, name, analysis, results=str(root / "results"))
     output = _outputs(root / "out", name, figure)
-    loading.run_paper_stage(input=inputs, output=output, params={"stage": name, "setup": planning.paper_setup(config)},
-                           wildcards={}, threads=1)
+    params = {"stage": name, "setup": planning.paper_setup(config),
+              "jobs": planning.paper_input_jobs(config, name, analysis, results=str(root / "results"))}
+    loading.run_paper_stage(input=inputs, output=output, params=params, wildcards={}, threads=1)
     return output
+
+
+def stage_inputs(root: Path, name: str, analysis: list, config: dict = CONFIG) -> loading.StageInputs:
+    """The input frames stage `name` reads, from the planned inputs and their jobs."""
+    results = str(root / "results")
+    return loading.StageInputs(planning.paper_inputs(config, name, analysis, results=results),
+                               {**planning.paper_setup(config), "wanted": planning.NEEDS[name]},
+                               planning.paper_input_jobs(config, name, analysis, results=results))
 
 
 @pytest.fixture(autouse=True)
@@ -511,9 +521,7 @@ def test_lowrank_ablation_rows_stand_beside_full_rank(synthetic):
     # and in the norm-theory figure they are points of their own (crosses; it renders in test_every_figure_renders)
     from esgrpo.report.figures import noise_of
 
-    inputs = planning.paper_inputs(CONFIG, "es_norm_theory", analysis, results=str(root / "results"))
-    setup = {**planning.paper_setup(CONFIG), "wanted": planning.NEEDS["es_norm_theory"]}
-    ratios = frames.theory_ratios(loading.StageInputs(inputs, setup).analysis("theory")).set_index("run")
+    ratios = frames.theory_ratios(stage_inputs(root, "es_norm_theory", analysis).analysis("theory")).set_index("run")
     assert ratios.loc[["es-n4-r1-s0", "es-n4-r4-s1"], "applies"].all()
     assert ratios.loc["es-n4-r1-s0", "ratio"] == pytest.approx(1.02)
     assert noise_of("es-n4-r1-s0") == "low-rank" and noise_of("es-n4-s0") == "full-rank"
@@ -551,7 +559,8 @@ def test_figures_say_not_run_without_inputs(tmp_path):
     config["sequential"] = {}
     out = _outputs(tmp_path, "sequential_matrix", figure=True)
     loading.run_paper_stage(input={"prompts": []}, output=out,
-                           params={"stage": "sequential_matrix", "setup": planning.paper_setup(config)},
+                           params={"stage": "sequential_matrix", "setup": planning.paper_setup(config),
+                                   "jobs": {"prompts": []}},
                            wildcards={}, threads=1)
     assert Path(out["png"]).stat().st_size > 1000 and Path(out["pdf"]).stat().st_size > 1000
 
@@ -610,8 +619,7 @@ def test_entropy_table_keeps_an_estimated_entropy_apart_from_exact_ones(syntheti
     from esgrpo.report.paper_b import build_b_entropy
 
     root, _ = synthetic
-    inputs = planning.paper_inputs(CONFIG, "b_entropy", [], results=str(root / "results"))
-    data = loading.StageInputs(inputs, planning.paper_setup(CONFIG))
+    data = stage_inputs(root, "b_entropy", [])
     exact = build_b_entropy(data)
     assert set(exact["method"]) <= {"base", "ES", "GRPO"} and {"ES", "GRPO"} <= set(exact["method"])
 
@@ -867,10 +875,7 @@ def test_saturated_cells_are_marked_and_left_out_of_the_counts(saturated_synthet
     assert pd.read_csv(passk["csv"]).query("task == 'sum_yesno' and method == 'base' and metric == 'pass@8'")[
         "saturated"].astype(str).tolist() == ["True"]
     # the JS-diversity figure's frame knows which of its points sit at 0 by saturation
-    js = frames.js_gain_frame(loading.StageInputs(planning.paper_inputs(CONFIG, "js_diversity_vs_passk_gain", analysis,
-                                                                       results=str(root / "results")),
-                                                  {**planning.paper_setup(CONFIG),
-                                                   "wanted": planning.NEEDS["js_diversity_vs_passk_gain"]}))
+    js = frames.js_gain_frame(stage_inputs(root, "js_diversity_vs_passk_gain", analysis))
     on_sum = js[js["task"] == "sum_yesno"]
     assert len(on_sum) and on_sum["saturated"].all() and (on_sum["gain"] == 0).all()
     assert not js[js["task"] != "sum_yesno"]["saturated"].any()
@@ -927,8 +932,7 @@ def test_es_arithmetic_table_puts_each_papers_arithmetic_beside_the_exact_one(tm
     # the drift claim judged with each arithmetic's runs in the main ES runs' place: ES/GRPO 20x exact, 60x in place
     from esgrpo.report.arithmetic import claim_verdicts
 
-    data = loading.StageInputs(planning.paper_inputs(CONFIG, "es_arithmetic", analysis, results=str(tmp_path / "results")),
-                               {**planning.paper_setup(CONFIG), "wanted": registry.STAGES["es_arithmetic"].needs})
+    data = stage_inputs(tmp_path, "es_arithmetic", analysis)
     verdicts = claim_verdicts(data).set_index(["id", "arithmetic"])
     for key, label in ARITHMETIC_LABELS.items():
         drift = ARITHMETIC_DRIFT if key != "exact" else 1.0

@@ -97,12 +97,17 @@ def checkpoint_dir(results: str, model: str, task: str, run: str) -> str:
     return f"{results}/{model}/{BASE}" if run == BASE else f"{results}/{model}/{task}/{run}"
 
 
-def heldout_files(config: dict, results: str, suffix: str = ".json") -> list[str]:
-    """Every job's output under the grid's folder `results` (``suffix`` ``.json``: the summary;
-    ``_prompts.jsonl``: the per-prompt rows)."""
-    return [f"{checkpoint_dir(results, model, task, run)}/heldout/{name}{suffix}"
+def heldout_outputs(config: dict, results: str, suffix: str = ".json") -> list[tuple[str, str, str, str]]:
+    """(model, task, run, path) of every job's output under the grid's folder `results` (``suffix``
+    ``.json``: the summary; ``_prompts.jsonl``: the per-prompt rows); task and run ``base`` for the base."""
+    return [(model, task, run, f"{checkpoint_dir(results, model, task, run)}/heldout/{name}{suffix}")
             for model in config["models"] for task, run in heldout_checkpoints(config, model)
             for name in benchmark_names(config)]
+
+
+def heldout_files(config: dict, results: str, suffix: str = ".json") -> list[str]:
+    """The paths of `heldout_outputs`."""
+    return [path for *_, path in heldout_outputs(config, results, suffix)]
 
 
 # --- NLTK's Punkt model from a package -----------------------------------------------------------

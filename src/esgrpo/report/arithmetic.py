@@ -111,7 +111,7 @@ def claim_verdicts(data: StageInputs) -> pd.DataFrame:
     claims = {c.id: c for c in CLAIMS}
     rows = []
     for arithmetic, label in ARITHMETIC_LABELS.items():
-        view = StageInputs({}, data.setup)
+        view = StageInputs({}, data.setup, {})
         for analysis in ("drift", "theory"):  # StageInputs' cache, filled with the arithmetic's view
             view.__dict__[analysis] = _as_main(data.analysis(analysis), arithmetic, task, seeds)
         estimates = {**drift_claims(view), **theory_claim(view)}

@@ -35,7 +35,7 @@ class OneSeed(StageInputs):
     """The frames of `pooled` (loaded once) restricted to one training seed."""
 
     def __init__(self, pooled: StageInputs, seed: int):
-        super().__init__(pooled.input, pooled.setup)
+        super().__init__(pooled.input, pooled.setup, pooled.jobs)
         self.pooled, self.seed = pooled, seed
 
     @functools.cached_property

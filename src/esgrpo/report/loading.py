@@ -10,12 +10,10 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from esgrpo.analysis.settings import ANALYSES
 from esgrpo.estimators import pass_at_k
 from esgrpo.files import read_jsonl
 from esgrpo.report.planning import (
@@ -121,31 +119,15 @@ def load_prompts(paths: Iterable[str], setup: dict) -> pd.DataFrame:
     return df
 
 
-# The report stages get their inputs as file lists (Snakemake inputs); the job of a file is read back from its
-# path here, the one place that does, until every tidy file names its own model, task and run.
-def parse_analysis_path(path: str) -> dict | None:
-    """``.../analysis/{model}/{analysis}/{task}/{run or s<seed>}.csv`` -> its parts (None if not one)."""
-    parts = Path(path).parts
-    if len(parts) < 5 or parts[-5] != "analysis" or parts[-3] not in ANALYSES or not path.endswith(".csv"):
-        return None
-    return {"model": parts[-4], "analysis": parts[-3], "task": parts[-2], "stem": Path(path).stem}
-
-
-def _run_from_path(path: str) -> tuple[str, str, str]:
-    """(model, task, run) of ``.../{model}/{task}/{run}/metrics.jsonl``."""
-    parts = Path(path).parts
-    return parts[-4], parts[-3], parts[-2]
-
-
-def load_metrics(paths: Iterable[str], setup: dict) -> pd.DataFrame:
-    """Training curves: metrics.jsonl rows with model, task, run (from the path), seed, kind, variant."""
+def load_metrics(paths: Iterable[str], jobs: Iterable[dict], setup: dict) -> pd.DataFrame:
+    """Training curves: metrics.jsonl rows with model, task, run (each file's job: `jobs`, in the order of
+    `paths`), seed, kind, variant."""
     frames = []
-    for path in paths:
+    for path, job in zip(paths, jobs, strict=True):
         rows = read_jsonl(path)
         if not rows:
             continue
-        model, task, run = _run_from_path(path)
-        frames.append(pd.DataFrame(rows).assign(model=model, task=task, run=run))
+        frames.append(pd.DataFrame(rows).assign(model=job["model"], task=job["task"], run=job["run"]))
     if not frames:
         return pd.DataFrame(columns=["model", "task", "run", "iteration", "fitness_mean", "rollouts",
                                      "generated_tokens", "entropy", "seed", "kind", "method", "variant"])
@@ -156,37 +138,44 @@ def load_metrics(paths: Iterable[str], setup: dict) -> pd.DataFrame:
     return df.sort_values(["model", "task", "run", "iteration"]).reset_index(drop=True)
 
 
-def load_analysis(paths: Iterable[str], setup: dict) -> pd.DataFrame:
-    """Analysis CSVs with model / task and run (or the seed of an ES-GRPO pair) taken from their paths."""
+def load_analysis(paths: Iterable[str], jobs: Iterable[dict], analysis: str, setup: dict) -> pd.DataFrame:
+    """The CSVs of `analysis` with model, task and run (or the seed of an ES-GRPO pair) of each file's job
+    (`jobs`, in the order of `paths`)."""
     frames = []
-    for path in paths:
-        parts = parse_analysis_path(str(path))
+    for path, job in zip(paths, jobs, strict=True):
         frame = pd.read_csv(path)
-        if parts is None or frame.empty:
+        if frame.empty:
             continue
-        frame = frame.assign(model=parts["model"], task=parts["task"])
-        stem = parts["stem"]
-        seed = pair_seed(stem)
+        frame = frame.assign(model=job["model"], task=job["task"])
+        seed = pair_seed(job["run"])
         if seed is not None:
-            frame = frame.assign(seed=seed, run=stem)
+            frame = frame.assign(seed=seed, run=job["run"])
         else:
-            frame = frame.assign(run=stem)
-            if parts["analysis"] in ALIASED_ANALYSES:
-                frame = with_stage_one(frame, "task", setup, parts["analysis"])
+            frame = frame.assign(run=job["run"])
+            if analysis in ALIASED_ANALYSES:
+                frame = with_stage_one(frame, "task", setup, analysis)
             frame = _with_run_columns(frame, setup, kind_column="run_kind")
         frames.append(frame)
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 class StageInputs:
-    """The input frames of one stage, each loaded on first use."""
+    """The input frames of one stage, each loaded on first use. `input`: the rule's input (file lists by
+    name); `jobs`: the job of each of those files, in the same order (esgrpo.report.planning.paper_input_jobs;
+    needed for metrics and analyses, whose rows do not name their run)."""
 
-    def __init__(self, input: dict, setup: dict):
-        self.input, self.setup = input, setup
+    def __init__(self, input: dict, setup: dict, jobs: dict[str, list[dict]]):
+        self.input, self.setup, self.jobs = input, setup, jobs
 
     def _list(self, key: str) -> list[str]:
         value = self.input.get(key, [])
         return [value] if isinstance(value, str) else list(value)
+
+    def _jobs(self, key: str) -> list[dict]:
+        paths, jobs = self._list(key), self.jobs.get(key, [])
+        if len(jobs) != len(paths):
+            raise ValueError(f"input {key!r}: {len(paths)} files but {len(jobs)} job records (params 'jobs')")
+        return jobs
 
     @functools.cached_property
     def prompts(self) -> pd.DataFrame:
@@ -194,11 +183,11 @@ class StageInputs:
 
     @functools.cached_property
     def metrics(self) -> pd.DataFrame:
-        return load_metrics(self._list("metrics"), self.setup)
+        return load_metrics(self._list("metrics"), self._jobs("metrics"), self.setup)
 
     def analysis(self, name: str) -> pd.DataFrame:
         if name not in self.__dict__:
-            self.__dict__[name] = load_analysis(self._list(name), self.setup)
+            self.__dict__[name] = load_analysis(self._list(name), self._jobs(name), name, self.setup)
         return self.__dict__[name]
 
     def on_task(self, kinds: Iterable[str]) -> pd.DataFrame:
@@ -221,4 +210,5 @@ class StageInputs:
 def run_paper_stage(input, output, params, wildcards, threads) -> None:
     """Runs the table or figure params["stage"] on its inputs, reading only the run kinds it needs."""
     name = params["stage"]
-    stage_function(name)(StageInputs(input, {**params["setup"], "wanted": STAGES[name].needs}), output)
+    setup = {**params["setup"], "wanted": STAGES[name].needs}
+    stage_function(name)(StageInputs(input, setup, params["jobs"]), output)

@@ -9,11 +9,12 @@ figure rules): it imports neither pandas nor torch, so the DAG parse stays light
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from esgrpo.analysis.jobs import AnalysisJob
 from esgrpo.analysis.settings import ANALYSES
 from esgrpo.config import judged_on
-from esgrpo.evaluation.heldout import heldout_files
+from esgrpo.evaluation.heldout import heldout_outputs
 from esgrpo.report.registry import STAGES
 from esgrpo.runs import config_rank, continual_stage_one, eval_settings, parse_run_name, planned_runs
 
@@ -128,46 +129,76 @@ def kinds_served(task: str, run: str, setup: dict) -> set[str]:
     return kinds | {run_kind(alias, setup["main_n"], setup["main_g"], setup.get("main_rank"))} if alias else kinds
 
 
-def _run_files(config: dict, setup: dict, needs: dict, results: str) -> dict[str, list[str]]:
+@dataclass(frozen=True)
+class InputFile:
+    """One input file of a paper stage and the job that writes it (``base`` as task and run: a base model's
+    evaluation)."""
+
+    path: str
+    model: str
+    task: str
+    run: str
+
+
+def _run_files(config: dict, setup: dict, needs: dict, results: str) -> dict[str, list[InputFile]]:
     """eval_prompts.jsonl / metrics.jsonl of every planned run of the kinds `needs` names."""
     where = {"sequential": setup["sequential_task"], "ablation": setup["ablation_task"]}.get(needs.get("where"))
-    files: dict[str, list[str]] = {}
+    files: dict[str, list[InputFile]] = {}
     for key, filename in (("prompts", "eval_prompts.jsonl"), ("metrics", "metrics.jsonl")):
         kinds = needs.get(key)
         if not kinds:
             continue
-        paths = []
+        found = []
         for model in setup["models"]:
             if BASE in kinds and key == "prompts":
-                paths.append(f"{results}/{model}/{BASE}/{filename}")
+                found.append(InputFile(f"{results}/{model}/{BASE}/{filename}", model, BASE, BASE))
             for task, run in planned_runs(config, model):
                 if where is not None and task != where:
                     continue
                 if kinds_served(task, run, setup) & set(kinds):
-                    paths.append(f"{results}/{model}/{task}/{run}/{filename}")
-        files[key] = paths
+                    found.append(InputFile(f"{results}/{model}/{task}/{run}/{filename}", model, task, run))
+        files[key] = found
     return files
 
 
-def _analysis_files(setup: dict, needs: dict, analysis_jobs: Sequence[AnalysisJob]) -> dict[str, list[str]]:
+def _analysis_files(setup: dict, needs: dict, analysis_jobs: Sequence[AnalysisJob]) -> dict[str, list[InputFile]]:
     """The CSVs of the analysis jobs (esgrpo.analysis.jobs) of the kinds `needs` names."""
-    files: dict[str, list[str]] = {}
+    files: dict[str, list[InputFile]] = {}
     for analysis in ANALYSES:
         kinds = needs.get(analysis)
         if not kinds:
             continue
-        files[analysis] = sorted({job.outputs[0] for job in analysis_jobs
-                                  if job.kind == analysis and job.model in setup["models"]
-                                  and (kinds == "all" or kinds_served(job.task, job.run, setup) & set(kinds))})
+        jobs = {job.outputs[0]: job for job in analysis_jobs
+                if job.kind == analysis and job.model in setup["models"]
+                and (kinds == "all" or kinds_served(job.task, job.run, setup) & set(kinds))}
+        files[analysis] = [InputFile(path, jobs[path].model, jobs[path].task, jobs[path].run) for path in sorted(jobs)]
     return files
 
 
-def paper_inputs(config: dict, name: str, analysis_jobs: Sequence[AnalysisJob] = (), results: str = "results") -> dict:
-    """Input files of table / figure `name`: only what the config trains (via planned_runs) and the analysis
-    jobs it reads (records: esgrpo.analysis.jobs)."""
+def paper_input_files(config: dict, name: str, analysis_jobs: Sequence[AnalysisJob] = (),
+                      results: str = "results") -> dict[str, list[InputFile]]:
+    """Input files of table / figure `name` as records: only what the config trains (via planned_runs) and
+    the analysis jobs it reads (records: esgrpo.analysis.jobs), each with the job that writes it."""
     setup = paper_setup(config)
     needs = NEEDS[name]
     files = {**_run_files(config, setup, needs, results), **_analysis_files(setup, needs, analysis_jobs)}
     if needs.get("heldout"):  # benchmark prompts are evaluation rows of tasks no run trains on
-        files["prompts"] = files.get("prompts", []) + heldout_files(config, results, "_prompts.jsonl")
+        files["prompts"] = files.get("prompts", []) + [
+            InputFile(path, model, task, run) for model, task, run, path in heldout_outputs(config, results,
+                                                                                           "_prompts.jsonl")]
     return files
+
+
+def paper_inputs(config: dict, name: str, analysis_jobs: Sequence[AnalysisJob] = (), results: str = "results") -> dict:
+    """The paths of `paper_input_files` by input name: the rule's input."""
+    return {key: [f.path for f in found]
+            for key, found in paper_input_files(config, name, analysis_jobs, results).items()}
+
+
+def paper_input_jobs(config: dict, name: str, analysis_jobs: Sequence[AnalysisJob] = (),
+                     results: str = "results") -> dict[str, list[dict[str, str]]]:
+    """The job of every input file of `name`, in the order of `paper_inputs`: the rule's params, so that
+    the stage knows each file's model, task and run without reading them back from its path (which a
+    storage plugin changes)."""
+    return {key: [{"model": f.model, "task": f.task, "run": f.run} for f in found]
+            for key, found in paper_input_files(config, name, analysis_jobs, results).items()}
