@@ -25,6 +25,7 @@ from esgrpo.es.loop import train_es
 from esgrpo.es.ops import member_seeds
 from esgrpo.es.settings import ESConfig
 from esgrpo.files import read_jsonl
+from esgrpo.models.parameter_names import module_type
 from esgrpo.noise import Noise, Population
 
 torch.set_num_threads(1)
@@ -304,6 +305,7 @@ def test_step_agreement_is_the_weights_step_against_the_fp32_sum(expected, varia
     seeds_signs = member_seeds(cfg.seed, 0, cfg.population_size, cfg.antithetic)
     weights = normalize_fitness(expected["fitness"][0], cfg.normalization, cfg.unit_rms_weights)
     dot = applied_sq = intended_sq = changed = elements = 0.0
+    by_module: dict[str, list[int]] = {}  # module type -> [changed, elements]
     for name, start in expected["initial"].items():
         intended = sum(cfg.alpha / len(seeds_signs) * w * sign
                        * backend.noise.draw(seed, name, start.shape, start.device).double().numpy()
@@ -314,10 +316,16 @@ def test_step_agreement_is_the_weights_step_against_the_fp32_sum(expected, varia
         intended_sq += float((intended ** 2).sum())
         changed += int(np.count_nonzero(applied))
         elements += applied.size
+        counts = by_module.setdefault(module_type(name), [0, 0])
+        counts[0] += int(np.count_nonzero(applied))
+        counts[1] += applied.size
     cosine = dot / np.sqrt(applied_sq * intended_sq)
     assert row["step_cosine"] == pytest.approx(cosine, rel=1e-9, abs=1e-12)
     assert row["changed_share"] == changed / elements
+    assert row["changed_share_by_module"] == {kind: c / n for kind, (c, n) in sorted(by_module.items())}
+    assert {"attention", "mlp", "norm", "embedding"} <= set(by_module)
     assert summary.extra["step_cosine_mean"] == row["step_cosine"]
+    assert summary.extra["changed_share_by_module_mean"] == row["changed_share_by_module"]
     if variant.endswith("exact"):
         assert cosine > 1 - 1e-9
     else:  # bf16 rounding of the members' restores and the update: visibly not the intended step

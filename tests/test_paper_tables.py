@@ -46,9 +46,12 @@ FINAL_WINDOW = 3
 # full-rank main run's prompts of the same seed (no difference at all); a rank not listed: ES's 0.45
 LOWRANK_SUCCESS: dict = {}
 # metrics.jsonl's step agreement (esgrpo.distance.StepAgreement) by arithmetic; the papers' runs drift 3x further
-ARITHMETIC_AGREEMENT = {"exact": {"step_cosine": 1.0, "changed_share": 1.0},
-                        "paper_a": {"step_cosine": 0.6, "changed_share": 0.4},
-                        "paper_b": {"step_cosine": 0.8, "changed_share": 0.7}}
+ARITHMETIC_AGREEMENT = {"exact": {"step_cosine": 1.0, "changed_share": 1.0,
+                                  "changed_share_by_module": {"mlp": 1.0, "norm": 1.0}},
+                        "paper_a": {"step_cosine": 0.6, "changed_share": 0.4,
+                                    "changed_share_by_module": {"mlp": 0.45, "norm": 0.05}},
+                        "paper_b": {"step_cosine": 0.8, "changed_share": 0.7,
+                                    "changed_share_by_module": {"mlp": 0.75, "norm": 0.1}}}
 ARITHMETIC_DRIFT = 3.0
 
 
@@ -916,11 +919,13 @@ def test_es_arithmetic_table_puts_each_papers_arithmetic_beside_the_exact_one(tm
     out = build(tmp_path, "es_arithmetic", analysis)
     table = pd.read_csv(out["csv"])
     assert set(table["task"]) == {"countdown3"} and set(table["arithmetic"]) == set(ARITHMETIC_LABELS.values())
-    assert (table["n_seeds"] == 2).all() and len(table) == 6 * 3
+    assert (table["n_seeds"] == 2).all() and len(table) == 8 * 3  # six metrics and two module types
     cell = table.set_index(["metric", "arithmetic"])["value"]
     for key, label in ARITHMETIC_LABELS.items():
         assert cell["step cosine with the intended step", label] == ARITHMETIC_AGREEMENT[key]["step_cosine"]
         assert cell["share of coordinates changed per update", label] == ARITHMETIC_AGREEMENT[key]["changed_share"]
+        for kind, share in ARITHMETIC_AGREEMENT[key]["changed_share_by_module"].items():
+            assert cell[f"share changed per update: {kind}", label] == pytest.approx(share)
         drift = ARITHMETIC_DRIFT if key != "exact" else 1.0
         assert cell["distance / theory (final)", label] == pytest.approx(drift * math.sqrt(1.02))
         assert cell["ES/GRPO drift ratio (relative L2)", label] == pytest.approx(drift / 0.05)

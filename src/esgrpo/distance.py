@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from esgrpo.models.parameter_names import module_type
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -72,27 +74,41 @@ class StepAgreement:
     intended_sq: float = 0.0
     changed: int = 0
     elements: int = 0
+    changed_by_module: dict[str, int] = field(default_factory=dict)
+    elements_by_module: dict[str, int] = field(default_factory=dict)
 
-    def add(self, applied: Tensor, intended: Tensor, chunk: int = NORM_CHUNK_ELEMENTS // 4) -> None:
-        """Count one tensor's (or one piece's) applied and intended steps."""
+    def add(self, applied: Tensor, intended: Tensor, name: str | None = None,
+            chunk: int = NORM_CHUNK_ELEMENTS // 4) -> None:
+        """Count one tensor's (or one piece's) applied and intended steps; `name`, the parameter's, also
+        counts its changed coordinates under its module type (`esgrpo.models.parameter_names.module_type`)."""
         import torch
 
         with torch.no_grad():
             a_flat, i_flat = applied.detach().reshape(-1), intended.detach().reshape(-1)
             if a_flat.numel() != i_flat.numel():
                 raise ValueError(f"shape mismatch: {tuple(applied.shape)} vs {tuple(intended.shape)}")
+            changed = 0
             for start in range(0, a_flat.numel(), chunk):
                 a = a_flat[start:start + chunk].double()
                 i = i_flat[start:start + chunk].to(a.device).double()
                 self.dot += float(torch.dot(a, i))
                 self.applied_sq += float(torch.dot(a, a))
                 self.intended_sq += float(torch.dot(i, i))
-                self.changed += int(torch.count_nonzero(a))
+                changed += int(torch.count_nonzero(a))
+            self.changed += changed
             self.elements += a_flat.numel()
+            if name is not None:
+                kind = module_type(name)
+                self.changed_by_module[kind] = self.changed_by_module.get(kind, 0) + changed
+                self.elements_by_module[kind] = self.elements_by_module.get(kind, 0) + a_flat.numel()
 
-    def to_dict(self) -> dict[str, float]:
-        """{"step_cosine": cos(applied, intended), "changed_share": changed coordinates / all}; NaN where
-        a step is zero."""
+    def to_dict(self) -> dict[str, Any]:
+        """{"step_cosine": cos(applied, intended), "changed_share": changed coordinates / all}, plus
+        "changed_share_by_module" ({module type: share}) where names were given; NaN where a step is zero."""
         norms = math.sqrt(self.applied_sq * self.intended_sq)
-        return {"step_cosine": self.dot / norms if norms > 0 else math.nan,
-                "changed_share": self.changed / self.elements if self.elements else math.nan}
+        out: dict[str, Any] = {"step_cosine": self.dot / norms if norms > 0 else math.nan,
+                               "changed_share": self.changed / self.elements if self.elements else math.nan}
+        if self.elements_by_module:
+            out["changed_share_by_module"] = {kind: self.changed_by_module[kind] / n
+                                              for kind, n in sorted(self.elements_by_module.items())}
+        return out

@@ -13,19 +13,15 @@ appears; an untied model has both rows.
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterator, Mapping
 
 import pandas as pd
 import torch
 
 from esgrpo.distance import squared_norm
+from esgrpo.models.parameter_names import MODULE_TYPES, layer_index, module_type
 
 StateDict = Mapping[str, torch.Tensor]
-
-MODULE_TYPES = ("embedding", "attention", "mlp", "norm", "lm_head", "other")
-
-_LAYER_RE = re.compile(r"(?:^|\.)(?:layers|h|layer|blocks)\.(\d+)\.")
 
 __all__ = [
     "MODULE_TYPES",
@@ -91,33 +87,6 @@ def relative_l2(theta: StateDict, theta0: StateDict) -> float:
         num += squared_norm(theta[name], theta0[name])
         den += squared_norm(theta0[name])
     return math.sqrt(num) / math.sqrt(den) if den > 0 else math.nan
-
-
-def module_type(param_name: str) -> str:
-    """Classify an HF parameter name as embedding / attention / mlp / norm / lm_head / other.
-
-    Covers Llama, Qwen2 and Qwen3 names (and GPT-2-style ``wte``/``attn``/``ln_`` names).
-    Norms are matched before attention because Qwen3 keeps ``q_norm``/``k_norm`` inside
-    ``self_attn``; they are normalisation weights, the kind Paper B groups as LayerNorm.
-    """
-    parts = param_name.lower().split(".")
-    if "lm_head" in parts:
-        return "lm_head"
-    if any(p in ("embed_tokens", "wte", "wpe", "embed_positions", "embeddings") for p in parts):
-        return "embedding"
-    if any("norm" in p or p.startswith("ln_") or p == "ln_f" for p in parts):
-        return "norm"
-    if any(p in ("self_attn", "attn", "attention", "self_attention") for p in parts):
-        return "attention"
-    if any(p in ("mlp", "feed_forward", "ffn") for p in parts):
-        return "mlp"
-    return "other"
-
-
-def layer_index(param_name: str) -> int | None:
-    """Decoder-layer index parsed from ``...layers.N...`` (None for embeddings, final norm, head)."""
-    m = _LAYER_RE.search(param_name)
-    return int(m.group(1)) if m else None
 
 
 def drift_table(theta: StateDict, theta0: StateDict) -> pd.DataFrame:

@@ -168,5 +168,5 @@ def apply_update_in_place(weights: Mapping[str, Tensor], seeds_signs: Sequence[t
         squares += squared_norm(value, before)
         if agreement is not None:
             origin = before if start is None else start[name]
-            agreement.add(value.float() - origin.to(value.device).float(), total)
+            agreement.add(value.float() - origin.to(value.device).float(), total, name)
     return math.sqrt(squares)

@@ -278,11 +278,16 @@ def _finish(backend: ESBackend, cfg: ESConfig, run: _Run, out_dir: Path) -> RunS
                              **_mean_agreement(run.metrics), **backend.summary()})
 
 
-def _mean_agreement(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-    """The updates' mean step_cosine and changed_share (`ESBackend.step_agreement`), where measured."""
-    out = {}
+def _mean_agreement(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The updates' mean step_cosine, changed_share and changed share per module type
+    (`ESBackend.step_agreement`), where measured."""
+    out: dict[str, Any] = {}
     for key in ("step_cosine", "changed_share"):
         values = [r[key] for r in rows if key in r and math.isfinite(r[key])]
         if values:
             out[f"{key}_mean"] = float(np.mean(values))
+    by_module = [r["changed_share_by_module"] for r in rows if "changed_share_by_module" in r]
+    if by_module:
+        out["changed_share_by_module_mean"] = {kind: float(np.mean([m[kind] for m in by_module if kind in m]))
+                                               for kind in sorted({k for m in by_module for k in m})}
     return out

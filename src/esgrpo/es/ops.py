@@ -252,7 +252,7 @@ def apply_update(theta: Mapping[str, torch.Tensor], seeds_signs: Sequence[SeedSi
             flat_value, flat_step = value.reshape(-1), step.reshape(-1)
             for start in range(0, flat_value.numel(), NORM_CHUNK_ELEMENTS):
                 v, s = flat_value[start:start + NORM_CHUNK_ELEMENTS], flat_step[start:start + NORM_CHUNK_ELEMENTS]
-                agreement.add(v.add(s).sub_(v), s)
+                agreement.add(v.add(s).sub_(v), s, name)
         value.add_(step)
         squares += squared_norm(step)
     return math.sqrt(squares)

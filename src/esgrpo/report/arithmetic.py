@@ -5,7 +5,7 @@ trains the papers' variants, seed for seed.
 Four numbers per arithmetic: test greedy accuracy; the distance from the start over the norm theory's
 alpha * sqrt(T d / N) at the final update (the theory analysis); and the two that tell rounding from
 learning, per update (`esgrpo.distance.StepAgreement`, metrics.jsonl): the cosine of the step the weights
-took with the step ES meant, and the share of coordinates that changed. Means over a run's updates, then 95%
+took with the step ES meant, and the share of coordinates that changed (also per module type). Means over a run's updates, then 95%
 CIs over seeds; a backend that does not measure the agreement leaves its cells empty.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from esgrpo.models.parameter_names import MODULE_TYPES
 from esgrpo.report.claim_estimates import drift_claims, theory_claim
 from esgrpo.report.claims import CLAIMS, claims_table
 from esgrpo.report.frames import drift_norms
@@ -29,6 +30,8 @@ ARITHMETIC_LABELS = {"exact": "exact (fp32 master)",
 METRICS = ("test greedy accuracy", "distance / theory (final)", "step cosine with the intended step",
            "share of coordinates changed per update", "ES/GRPO drift ratio (relative L2)",
            "norm layers' share of the squared update")
+MODULE_METRICS = {kind: f"share changed per update: {kind}" for kind in MODULE_TYPES}
+ORDER = (*METRICS[:4], *MODULE_METRICS.values(), *METRICS[4:])
 
 
 def arithmetic_of(run: str) -> str:
@@ -121,6 +124,22 @@ def claim_verdicts(data: StageInputs) -> pd.DataFrame:
     return table[["id", "statement", "arithmetic", "estimate", "lo", "hi", "verdict"]]
 
 
+def _module_rows(metrics: pd.DataFrame, keys: list[str]) -> list[dict]:
+    """The share of coordinates changed per update, per module type (paper B's grouping): a run's mean over
+    its updates, then over seeds."""
+    measured = metrics[metrics["changed_share_by_module"].map(lambda v: isinstance(v, dict))]
+    long = pd.DataFrame([{**dict(zip([*keys, "run", "seed"], key, strict=True)), "kind": kind, "share": share}
+                         for key, shares in zip(measured[[*keys, "run", "seed"]].itertuples(index=False),
+                                                measured["changed_share_by_module"], strict=True)
+                         for kind, share in shares.items()])
+    if long.empty:
+        return []
+    per_run = long.groupby([*keys, "kind", "run", "seed"], sort=True)["share"].mean().reset_index()
+    return [stat({"model": model, "task": task, "metric": MODULE_METRICS[kind], "arithmetic": arithmetic},
+                 ci_values(g["share"]), n_seeds=g["seed"].nunique())
+            for (model, task, arithmetic, kind), g in per_run.groupby([*keys, "kind"], sort=True)]
+
+
 def build_es_arithmetic(data: StageInputs) -> pd.DataFrame:
     cells = _cells(data)
     if not cells:
@@ -147,9 +166,11 @@ def build_es_arithmetic(data: StageInputs) -> pd.DataFrame:
         for (model, task, arithmetic), g in per_run.groupby(keys, sort=True):
             rows.append(stat({"model": model, "task": task, "metric": metric, "arithmetic": arithmetic},
                              ci_values(g[column]), n_seeds=g["seed"].nunique()))
+    if "changed_share_by_module" in metrics:
+        rows += _module_rows(metrics, keys)
     rows += _drift_rows(data.analysis("drift"), cells)
     long = pd.DataFrame(rows)
-    long["metric"] = pd.Categorical(long["metric"], categories=METRICS, ordered=True)
+    long["metric"] = pd.Categorical(long["metric"], categories=ORDER, ordered=True)
     long = order_rows(long.sort_values(["model", "task", "metric", "arithmetic"]), ["model", "task", "metric"])
     return long.assign(metric=long["metric"].astype(str))
 
