@@ -65,8 +65,8 @@ def snapshot_eval_targets():
 
 
 def arithmetic_eval_targets():
-    """The evaluations of the runs of a paper's arithmetic (es.ablations.arithmetic), which no table reads yet:
-    a paper's target still trains and evaluates them (their norm theory: the default target's analyses)."""
+    """The evaluations of the runs of a paper's arithmetic (es.ablations.arithmetic): a paper's target trains
+    and evaluates them (tables/es_arithmetic reads them; a_update_norms and b_drift their drift)."""
     return [
         f"{run_dir(m, t, r)}/eval.json"
         for m in MODELS

@@ -249,13 +249,15 @@ def test_run_names_classify_and_carry_their_seed():
     assert planning.run_kind("es-n16-s0", 16, 8, 4) == "es_rank" and planning.run_kind("es-n4-r4-s0", 16, 8, 4) == "es_pop"
     assert loading.run_labels("es-n16-r4-s0")["noise_rank"] == 4 and math.isnan(loading.run_labels("es-n16-s0")["noise_rank"])
     assert loading.variant_of("es-n16-r4-s1") == "es-n16-r4"
-    # a paper's arithmetic (es.ablations.arithmetic) is a kind of its own, whatever the main noise, read by the
-    # ES arithmetic table only
+    # a paper's arithmetic (es.ablations.arithmetic) is a kind of its own, whatever the main noise, a method of
+    # its own, read by the ES arithmetic table and the drift and update-norm tables
     assert planning.run_kind("es-n16-arith_paper_a-s0", 16, 8) == "es_arith" == planning.run_kind(
         "es-n16-arith_paper_b-s0", 16, 8, 4)
+    assert planning.method_of("es-n16-arith_paper_b-s0", "es_arith") == "ES (paper B arithmetic)"
     assert loading.variant_of("es-n16-arith_paper_b-s0") == "es-n16-arith_paper_b"
     assert [name for name, needs in planning.NEEDS.items()
-            if any("es_arith" in kinds for kinds in needs.values())] == ["es_arithmetic"]
+            if any("es_arith" in kinds for kinds in needs.values())] == [
+        "a_update_norms", "b_drift", "claims", "claims_stability", "es_arithmetic"]  # the claims: their union
     assert planning.method_of("es-n16-it100-s2", "es_snap") == "ES (100 it)" and planning.method_of("x", "es") == "ES"
     assert loading.variant_of("es-n16-it100-s2") == "es-n16-it100"
 
@@ -946,3 +948,28 @@ def test_es_arithmetic_table_puts_each_papers_arithmetic_beside_the_exact_one(tm
         assert verdicts.loc[("a_norm_theory", label), "estimate"] == pytest.approx(drift ** 2 * 1.02)
     assert "Claim b_drift_ratio" in Path(out["md"]).read_text() and "Survives exact arithmetic: yes" in Path(
         out["md"]).read_text()
+
+
+def test_drift_and_update_norm_tables_give_each_papers_arithmetic_its_own_column(tmp_path):
+    """b_drift and a_update_norms: the runs of each paper's arithmetic as methods of their own beside the main
+    (exact) ES runs, each with its ratio to GRPO; the synthetic in-place runs drift ARITHMETIC_DRIFT times farther."""
+    from esgrpo.report.planning import arithmetic_method
+
+    analysis = make_results(tmp_path)
+    methods = [arithmetic_method(key) for key in ARITHMETIC_LABELS if key != "exact"]
+    assert methods == ["ES (paper A arithmetic)", "ES (paper B arithmetic)"]
+    drift = pd.read_csv(build(tmp_path, "b_drift", analysis)["csv"])
+    ratio = drift[(drift["quantity"] == "relative L2 ratio") & (drift["module_type"] == "all")
+                  & (drift["task"] == "countdown3")].set_index("method")["value"]
+    assert set(ratio.index) == {"ES/GRPO", *(f"{m}/GRPO" for m in methods)}
+    for method in methods:
+        assert ratio[f"{method}/GRPO"] == pytest.approx(ARITHMETIC_DRIFT * ratio["ES/GRPO"])
+    assert not drift[drift["method"].isin(methods) & (drift["task"] != "countdown3")].shape[0]  # ablation task only
+    norms = pd.read_csv(build(tmp_path, "a_update_norms", analysis)["csv"])
+    single = norms[(norms["setting"] == "single-task") & (norms["stage"] == "countdown3")].set_index(
+        ["quantity", "method"])["value"]
+    for method in methods:
+        assert single[("||theta - theta0||", method)] == pytest.approx(
+            ARITHMETIC_DRIFT * single[("||theta - theta0||", "ES")])
+        assert ("||theta - theta0|| ratio", f"{method}/GRPO") in single.index
+    assert Path(build(tmp_path, "b_drift", analysis)["md"]).read_text().count("ES (paper A arithmetic)") >= 1

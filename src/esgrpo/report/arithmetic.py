@@ -101,7 +101,7 @@ def _as_main(frame: pd.DataFrame, arithmetic: str, task: str, seeds: set[int]) -
         return frame
     own = frame[(frame["task"] == task) & frame["seed"].isin(seeds)]
     es = own[own["run_kind"].isin(["es", "es_arith"]) & (own["run"].map(arithmetic_of) == arithmetic)]
-    return pd.concat([es.assign(run_kind="es"), own[own["run_kind"] == "grpo"]], ignore_index=True)
+    return pd.concat([es.assign(run_kind="es", method="ES"), own[own["run_kind"] == "grpo"]], ignore_index=True)
 
 
 def claim_verdicts(data: StageInputs) -> pd.DataFrame:

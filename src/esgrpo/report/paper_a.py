@@ -120,10 +120,11 @@ def build_a_update_norms(data: StageInputs) -> pd.DataFrame:
                                  ci_values(theory.loc[runs]), n_seeds=gm["seed"].nunique()))
             rows.append(stat({**keys, "quantity": "relative L2", "method": method}, ci_values(gm["relative_l2"]),
                              n_seeds=gm["seed"].nunique()))
-        es, grpo = g[g["method"] == "ES"], g[g["method"] == "GRPO"]
-        if not es.empty and not grpo.empty:
-            rows.append(stat({**keys, "quantity": f"{NORM} ratio", "method": "ES/GRPO"},
-                             ratio_ci(es, grpo, "l2"), n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
+        grpo = g[g["method"] == "GRPO"]
+        for method, es in g[g["method"].eq("ES") | g["method"].str.startswith("ES (")].groupby("method", sort=True):
+            if not grpo.empty:  # the main ES runs' ratio, then each paper's arithmetic's
+                rows.append(stat({**keys, "quantity": f"{NORM} ratio", "method": f"{method}/GRPO"},
+                                 ratio_ci(es, grpo, "l2"), n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
     return with_paper_rows(pd.DataFrame(rows), "quantity", lambda row: _reported_norm(data.setup, row))
 
 

@@ -229,7 +229,7 @@ def build_b_drift(data: StageInputs) -> pd.DataFrame:
     drift = data.analysis("drift")
     if drift.empty:
         return pd.DataFrame()
-    drift = drift[drift["run_kind"].isin(["es", "grpo"])]
+    drift = drift[drift["run_kind"].isin(["es", "grpo", "es_arith"])]
     whole = drift_norms(drift).assign(module_type="all")
     norms = pd.concat([whole, drift_norms(drift, ["module_type"])], ignore_index=True)
     rows = []
@@ -240,11 +240,12 @@ def build_b_drift(data: StageInputs) -> pd.DataFrame:
                              n_seeds=gm["seed"].nunique()))
             rows.append(stat(keys, ci_values(gm["share_sq"]), quantity="share of squared update",
                              n_seeds=gm["seed"].nunique()))
-        es, grpo = g[g["method"] == "ES"], g[g["method"] == "GRPO"]
-        if not es.empty and not grpo.empty:
-            rows.append(stat({"model": model, "task": task, "module_type": module, "method": "ES/GRPO"},
-                             ratio_ci(es, grpo, "relative_l2"), quantity="relative L2 ratio",
-                             n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
+        grpo = g[g["method"] == "GRPO"]
+        for method, es in g[g["method"].eq("ES") | g["method"].str.startswith("ES (")].groupby("method", sort=True):
+            if not grpo.empty:  # the main ES runs' ratio, then each paper's arithmetic's
+                rows.append(stat({"model": model, "task": task, "module_type": module, "method": f"{method}/GRPO"},
+                                 ratio_ci(es, grpo, "relative_l2"), quantity="relative L2 ratio",
+                                 n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
     return with_paper_rows(pd.DataFrame(rows), "quantity", lambda row: _reported_drift(data.setup, row))
 
 

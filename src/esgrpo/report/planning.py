@@ -61,10 +61,18 @@ def run_kind(run: str, main_n: int | None, main_g: int | None, main_rank: int | 
 
 
 def method_of(run: str, kind: str) -> str:
-    """The method column: METHOD of the kind; a snapshot says its budget (``ES (100 it)``)."""
+    """The method column: METHOD of the kind; a snapshot says its budget (``ES (100 it)``), a run of a paper's
+    arithmetic which (``ES (paper A arithmetic)``)."""
     if kind == "es_snap":
         return snapshot_method(parse_run_name(run).iterations)
+    if kind == "es_arith":
+        return arithmetic_method(parse_run_name(run).arithmetic)
     return METHOD[kind]
+
+
+def arithmetic_method(arithmetic: str) -> str:
+    """The method column of a run of a paper's ES arithmetic (es.ablations.arithmetic: ``paper_a``)."""
+    return f"ES ({arithmetic.replace('_', ' ')[:-1]}{arithmetic[-1].upper()} arithmetic)"
 
 
 def snapshot_method(iterations: int) -> str:

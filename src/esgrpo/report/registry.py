@@ -56,12 +56,14 @@ _PAPER_STAGES = [
                 'prompts) on every task (columns) after each stage k (rows; stage 0 = base), per method; '
                 'forgetting = best earlier stage (1..K-1) - final stage, paired per prompt.')),
     PaperStage("a_update_norms", "Paper A", "table", "esgrpo.report.paper_a:table_a_update_norms",
-               {"drift": {"cl_es", "cl_grpo", "es", "grpo"}, "theory": {"cl_es", "es"}},
+               {"drift": {"cl_es", "cl_grpo", "es", "grpo", "es_arith"}, "theory": {"cl_es", "es", "es_arith"}},
                ('Paper A: update norm ||theta - theta0||_2 (theta0 = the base model; sqrt of the sum of '
                 'the per-tensor squared L2 of the drift analysis) after each continual stage, per method, '
                 'and the ES/GRPO ratio (per shared seed, 95% CI over seeds). Single-task rows: the main '
                 'runs of each task. ES theory: alpha*sqrt(T d/N) from the base (norm-theory analysis; a '
-                "continual stage sums the stages' squares).")),
+                "continual stage sums the stages' squares). ES (paper A / B arithmetic): the runs of that "
+                "paper's in-place bf16 arithmetic (es.ablations.arithmetic) on the ablation task, a method "
+                'each, with their own ratio to GRPO.')),
     PaperStage("a_heldout", "Paper A", "table", "esgrpo.report.paper_a:table_a_heldout",
                {"prompts": _CONTINUAL, "heldout": _CONTINUAL},
                ('Paper A: held-out scores before (base) -> after the continual sequence (final stage), per '
@@ -107,12 +109,13 @@ _PAPER_STAGES = [
                 'GRPO->ES: Pass@1 vs Pass@K (K = largest evaluated k) against their single-method starts '
                 'and the base; differences paired per (seed, prompt). 95% CIs over seeds and prompts.')),
     PaperStage("b_drift", "Paper B", "table", "esgrpo.report.paper_b:table_b_drift",
-               {"drift": {"es", "grpo"}},
+               {"drift": {"es", "grpo", "es_arith"}},
                ('Paper B: parameter drift of the single-task runs. Relative L2 ||theta - theta0|| / '
                 '||theta0|| (theta0 = base) of the whole model (module_type = all) and by module type, '
                 "each method's share of its squared update by module type, and the ES/GRPO ratio (per "
                 "shared seed; 95% CI over seeds). Paper B: ES moves up to 44x farther; ES's largest "
-                'changes in norms and attention.')),
+                'changes in norms and attention. ES (paper A / B arithmetic): the runs of that paper\'s '
+                'in-place bf16 arithmetic (es.ablations.arithmetic), a method each, with their own ratio.')),
     PaperStage("b_sparsity", "Paper B", "table", "esgrpo.report.paper_b:table_b_sparsity",
                {"sparsity": "all", "prompts": {"base"}},
                ('Paper B: functional sparsity. Keeping only the largest-|delta| fraction of the changed '
