@@ -530,6 +530,7 @@ def test_lowrank_ablation_rows_stand_beside_full_rank(synthetic):
     assert ratios.loc[["es-n4-r1-s0", "es-n4-r4-s1"], "applies"].all()
     assert ratios.loc["es-n4-r1-s0", "ratio"] == pytest.approx(1.02)
     assert noise_of("es-n4-r1-s0") == "low-rank" and noise_of("es-n4-s0") == "full-rank"
+    assert noise_of("es-n4-arith_paper_a-s0") == "paper's arithmetic"  # diamonds, with their theory line
 
 
 def test_sequential_table_forgetting(synthetic):

@@ -23,6 +23,7 @@ from esgrpo.report.paper_a import build_a_sequential
 from esgrpo.report.planning import METHOD_ORDER, ZSCORE_ONE_SIDED, stage_one_aliases
 from esgrpo.report.stats import pearson_ci
 from esgrpo.report.writing import fmt_ci
+from esgrpo.runs import parse_run_name
 
 
 def save_figure(fig, png: str, pdf: str | None = None) -> None:
@@ -271,25 +272,31 @@ def without_stage_one_copies(frame: pd.DataFrame, setup: dict) -> pd.DataFrame:
 
 
 # The norm-theory figure's marker per noise: low-rank runs (es.ablations.ranks) are their own points.
-NOISE_MARKERS = {"full-rank": "o", "low-rank": "X"}
+NOISE_MARKERS = {"full-rank": "o", "low-rank": "X", "paper's arithmetic": "D"}
+# the norm theory's runs: z-scored one-sided ES, and the runs of a paper's in-place arithmetic, which the
+# theory is tested against (esgrpo.report.arithmetic)
+THEORY_LINE_KINDS = ZSCORE_ONE_SIDED | {"es_arith"}
 
 
 def noise_of(run: str) -> str:
-    """The key of NOISE_MARKERS for a run name: full-rank or low-rank noise."""
+    """The key of NOISE_MARKERS for a run name: full-rank or low-rank noise, or a paper's arithmetic."""
+    if parse_run_name(run).arithmetic:
+        return "paper's arithmetic"
     return "full-rank" if math.isnan(run_labels(run)["noise_rank"]) else "low-rank"
 
 
 def figure_es_norm_theory(data: StageInputs, output: dict) -> None:
     """||theta_t - theta_0||^2 against the updates, one panel per (model, task), one colour per setting
-    (its seeds pooled; low-rank runs as crosses), the theory alpha^2 T d / N dashed for the runs it is about
-    (z-scored, one-sided, full- or low-rank noise)."""
+    (its seeds pooled; low-rank runs as crosses, runs of a paper's in-place arithmetic as diamonds), the
+    theory alpha^2 T d / N dashed for the runs it is about (z-scored, one-sided, full- or low-rank noise,
+    either arithmetic)."""
     theory = without_stage_one_copies(data.analysis("theory"), data.setup)
     if theory.empty:
         return placeholder(output, "ES norm vs theory", "no norm-theory analyses")
     sns = seaborn()
     x = "updates" if "updates" in theory else "iteration"
     fits = theory_ratios(theory)
-    theory = theory.assign(setting=[variant_of(r) + ("" if k in ZSCORE_ONE_SIDED else " (theory n/a)")
+    theory = theory.assign(setting=[variant_of(r) + ("" if k in THEORY_LINE_KINDS else " (theory n/a)")
                                     for r, k in zip(theory["run"], theory["run_kind"], strict=True)],
                            noise=[noise_of(r) for r in theory["run"]])
     marker = dict(zip(theory["setting"], theory["noise"].map(NOISE_MARKERS), strict=False))
@@ -303,7 +310,7 @@ def figure_es_norm_theory(data: StageInputs, output: dict) -> None:
             d = theory[(theory["model"] == model) & (theory["task"] == task)]
             sns.scatterplot(data=d, x=x, y="sq_distance", hue="setting", palette=colours, style="noise",
                             markers=NOISE_MARKERS, ax=ax, s=28, legend=False)
-            for _run, g in d[d["run_kind"].isin(ZSCORE_ONE_SIDED)].groupby("run"):
+            for _run, g in d[d["run_kind"].isin(THEORY_LINE_KINDS)].groupby("run"):
                 ax.plot(g[x], g["theory_sq"], ls="--", lw=0.9, color="black", alpha=0.6, zorder=1)
             f = fits[(fits["model"] == model) & (fits["task"] == task) & fits["applies"].astype(bool)]
             ratio = f"slope / theory {f['ratio'].median():.2f}" if len(f) else "no z-scored run"
