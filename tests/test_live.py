@@ -9,10 +9,10 @@ import math
 from pathlib import Path
 
 import pytest
-from test_grpo import model_dir, yesno_rows  # noqa: F401  (model_dir: the tiny boxed yes/no model fixture)
 
 from esgrpo.files import write_json, write_jsonl
 from esgrpo.live import ENV, SHARED, Eta, LiveLog, LiveSettings, format_seconds, live_settings
+from tests.grpo.test_trainer import model_dir, yesno_rows  # noqa: F401  (model_dir: the tiny boxed yes/no model fixture)
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
