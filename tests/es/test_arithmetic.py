@@ -25,7 +25,7 @@ from esgrpo.es.settings import ESConfig
 from esgrpo.files import read_jsonl
 from esgrpo.noise import Noise, Population
 from tests.conftest import REPO
-from tests.es.test_loop import ROWS, members_of, quadratic_evaluator, saved_weights, tiny_llama
+from tests.es.helpers import ROWS, members_of, quadratic_evaluator, saved_weights, tiny_llama
 
 torch.set_num_threads(1)
 EXPECTED = REPO / "tests" / "data" / "es_arithmetic" / "expected.pt"
