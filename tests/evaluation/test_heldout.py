@@ -16,7 +16,7 @@ from esgrpo.evaluation import heldout
 from esgrpo.files import read_json, read_jsonl, write_jsonl
 from esgrpo.report import stats
 from tests.conftest import REPO, results_of, run_workflow
-from tests.report.test_paper_tables import CONFIG, build, make_results
+from tests.report.synthetic import CONFIG, build, make_results
 
 DATA = REPO / "tests" / "data" / "lm_eval"
 IFEVAL_METRICS = ["prompt_level_strict_acc", "inst_level_strict_acc", "prompt_level_loose_acc",

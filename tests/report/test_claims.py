@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import tests.report.test_paper_tables as synthetic_results
+import tests.report.synthetic as synthetic_results
 from esgrpo.report import claim_estimates, stats
 from esgrpo.report.claims import CLAIMS, verdict
-from tests.report.test_paper_tables import CONFIG, build, make_results
+from tests.report.synthetic import CONFIG, build, make_results
 
 
 @pytest.fixture(autouse=True)

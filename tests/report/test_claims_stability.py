@@ -13,7 +13,7 @@ from esgrpo.report import loading, planning, stats
 from esgrpo.report.claim_estimates import claim_ks
 from esgrpo.report.claims import CLAIMS, fill_pass_at_k, verdict
 from esgrpo.report.claims_stability import NOT_MEASURED
-from tests.report.test_paper_tables import CONFIG, build, fewer_bootstrap_replicates, make_results  # noqa: F401 (autouse)
+from tests.report.synthetic import CONFIG, build, fewer_bootstrap_replicates, make_results  # noqa: F401 (autouse)
 
 
 @pytest.fixture(scope="module")
