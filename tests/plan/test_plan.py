@@ -1,6 +1,6 @@
-"""The resource plan (esgrpo.plan): architectures and their parameter counts, the memory and runtime
-models, the paper configs' plans as shipped, a job that cannot fit, and the host-memory model
-against measured peaks of real training jobs on this CPU (benchmarks/plan_memory.py)."""
+"""The resource plan (esgrpo.plan): the memory model, the paper configs' plans as shipped, a job that cannot fit,
+the plan through Snakemake, and the GPU smoke script's logic on a CPU. Architectures, the runtime and host-memory
+models and prompt lengths: tests/plan/test_architecture.py, test_runtime.py, test_host.py, test_prompts.py."""
 
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ from esgrpo.analysis.jobs import AnalysisJob
 from esgrpo.plan import (
     JobSpec,
     PlanError,
-    architecture_for,
     config_jobs,
-    from_config_json,
     plan_config,
     plan_job,
     plan_row,
@@ -28,96 +26,9 @@ from esgrpo.plan import (
     shipped,
     write_plan,
 )
-from esgrpo.plan.architecture import shipped_architectures
 from esgrpo.plan.memory import GIB
-from esgrpo.plan.runtime import ANCHOR_CHECK, ANCHOR_SECONDS, anchor_check
 from tests.conftest import REPO
-
-
-def load(name: str) -> dict:
-    return yaml.safe_load((REPO / name).read_text())
-
-
-# --------------------------------------------------------------------------- architectures
-
-
-@pytest.mark.parametrize("source", sorted(shipped_architectures()))
-def test_shipped_architecture_counts_match_the_published_totals(source):
-    arch = shipped(source)
-    published = arch.source["published_parameters"]["value"]
-    # Published totals are rounded to 3 significant digits (1.54B, 4.02B, 135M).
-    assert abs(arch.parameters / published - 1) < 0.005, (source, arch.parameters, published)
-    assert arch.source["config"].startswith("https://huggingface.co/")
-
-
-@pytest.mark.parametrize("model_type, extra", [
-    ("llama", {"tie_word_embeddings": True}),
-    ("qwen2", {"tie_word_embeddings": False}),
-    ("qwen3", {"tie_word_embeddings": True, "head_dim": 24}),
-])
-def test_count_equals_the_instantiated_model(tmp_path, model_type, extra):
-    """The count from config.json is what transformers builds: biases, q/k norms and tying included."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    config = AutoConfig.for_model(model_type, vocab_size=311, hidden_size=48, intermediate_size=100,
-                                  num_hidden_layers=3, num_attention_heads=6, num_key_value_heads=2,
-                                  max_position_embeddings=128, **extra)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(tmp_path)
-    arch = from_config_json(tmp_path)
-    assert arch.parameters == sum(p.numel() for p in model.parameters())
-    assert arch.model_type == model_type
-
-
-def test_qwen3_4b_kv_cache_per_token_and_full_context():
-    """The issue's arithmetic: 36 x 8 x 128 x 2 x 2 bytes = 144 KiB a token, ~36 GiB at 262,144 tokens."""
-    arch = shipped("Qwen/Qwen3-4B-Instruct-2507")
-    assert arch.kv_bytes_per_token("bfloat16") == 36 * 8 * 128 * 2 * 2 == 144 * 1024
-    assert arch.max_position_embeddings * arch.kv_bytes_per_token() / GIB == pytest.approx(36.0)
-
-
-def test_architecture_for_each_kind_of_source(tmp_path):
-    config = load("config.yaml")
-    default = architecture_for(config, "tiny", tmp_path)
-    block = config["default_model"]
-    assert (default.hidden_size, default.vocab_size) == (block["architecture"]["hidden_size"], block["vocab_size"])
-    # A built default model's own config.json wins over the block.
-    built = tmp_path / "tiny" / "base" / "model"
-    built.mkdir(parents=True)
-    (built / "config.json").write_text(json.dumps({**default.to_dict(), "vocab_size": 300, "model_type": "llama"}))
-    assert architecture_for(config, "tiny", tmp_path).vocab_size == 300
-    assert architecture_for(load("configs/smollm2.yaml"), "smollm2_135m", tmp_path).num_hidden_layers == 30
-    unknown = {"models": {"mystery": {"source": "someone/unknown-model-7b", "tasks": ["gsm8k"]}}}
-    with pytest.raises(PlanError, match="models.mystery: no architecture for source 'someone/unknown-model-7b'"):
-        architecture_for(unknown, "mystery", tmp_path)
-
-
-def test_a_relative_source_that_is_neither_folder_nor_cached_names_both_readings(tmp_path, monkeypatch):
-    """`models/smollm2` reads as a folder under the working directory and as a Hub id: the line names both."""
-    monkeypatch.chdir(tmp_path)
-    config = {"models": {"smol": {"source": "models/smollm2", "tasks": ["gsm8k"]}}}
-    with pytest.raises(PlanError) as err:
-        architecture_for(config, "smol", tmp_path)
-    message = str(err.value)
-    assert f"as a folder, {tmp_path / 'models' / 'smollm2'} does not exist" in message, message
-    assert "as a Hub id, it is not in the Hugging Face cache" in message and "hf download models/smollm2" in message
-    (tmp_path / "models" / "smollm2").mkdir(parents=True)
-    with pytest.raises(PlanError, match=f"as a folder, {tmp_path / 'models' / 'smollm2'} has no config.json"):
-        architecture_for(config, "smol", tmp_path)
-
-
-# --------------------------------------------------------------------------- runtime anchor
-
-
-def test_runtime_model_reproduces_the_es_anchors():
-    model = anchor_check()
-    for source, measured in ANCHOR_SECONDS.items():
-        assert model[source] == pytest.approx(measured, rel=1e-6)
-    source, measured = ANCHOR_CHECK  # not fitted: a check of the model's form
-    assert model[source] == pytest.approx(measured, rel=0.10)
-
+from tests.plan.helpers import load
 
 # --------------------------------------------------------------------------- the paper configs
 
@@ -216,21 +127,6 @@ def test_engine_settings_reach_es_and_evaluation_blocks():
     assert 1 <= sparsity.eval_batch <= 256
 
 
-def test_host_memory_counts_the_fp32_copies_of_sharded_grpo_and_es():
-    """Sharded GRPO: every process loads the whole fp32 model first (4 B/param each) and rank 0 keeps two
-    fp32 copies (8 B/param); ES keeps one fp32 theta0 whatever its number of engines (4 B/param)."""
-    from esgrpo.plan.host import gpu_job_host
-
-    arch = shipped("Qwen/Qwen2.5-7B-Instruct")
-    p = arch.parameters
-    grpo = gpu_job_host(arch, "grpo", processes=4, engines=0)
-    assert grpo["load"]["fp32 model being loaded (per process)"] == 4 * 4 * p
-    assert grpo["train"]["callback theta0 + pre-step copies (fp32, rank 0)"] == 8 * p
-    for engines in (1, 4, 8):
-        es = gpu_job_host(arch, "es", processes=1, engines=engines)["train"]
-        assert es["fp32 master (one per job)"] == 4 * p
-
-
 def test_write_plan_one_row_per_job(tmp_path):
     config = load("configs/paper_b.yaml")
     plans = plan_config(config)
@@ -302,19 +198,7 @@ def test_importing_the_plan_stays_light():
     assert out.stdout.strip() == "[]"
 
 
-# --------------------------------------------------------------------------- host memory, measured
-
-
-@pytest.mark.slow
-def test_host_memory_model_within_25_percent_of_measured_peaks(tmp_path):
-    """Real ES and GRPO jobs (the workflow's train_run stage) at ~0.1M and ~4M parameters."""
-    out = tmp_path / "rss.json"
-    subprocess.run([sys.executable, str(REPO / "benchmarks" / "plan_memory.py"), "--cases", "tiny,4m",
-                    "--work", str(tmp_path), "--json", str(out)], check=True, cwd=REPO, timeout=1200)
-    rows = json.loads(out.read_text())
-    assert {(r["case"], r["method"]) for r in rows} == {(c, m) for c in ("tiny", "4m") for m in ("es", "grpo")}
-    for row in rows:
-        assert 0.75 <= row["ratio"] <= 1.25, row
+# --------------------------------------------------------------------------- the GPU smoke script
 
 
 @pytest.mark.slow
@@ -600,91 +484,6 @@ def test_autocast_weight_copies_match_a_measured_forward(tmp_path):
     result = json.loads(out.read_text())
     assert result["autocast, requires_grad=True"] == pytest.approx(result["plan_bytes"], rel=0.05)
     assert result["autocast, requires_grad=False"] < 0.2 * result["plan_bytes"]
-
-
-def _measured_setup(tmp_path, rows_by_task: dict[str, dict[str, list[dict]]]):
-    """A results folder with the default model's tokenizer (ChatML-style template with a system turn) and
-    prepared data; the default config pointed at it."""
-    from esgrpo.files import write_jsonl
-    from esgrpo.models.default import train_tokenizer
-
-    texts = [m["content"] for splits in rows_by_task.values() for rows in splits.values() for r in rows for m in r["prompt"]]
-    tokenizer = train_tokenizer(texts + ["system user assistant"], vocab_size=300)
-    tokenizer.chat_template = (
-        "{%- if messages[0].role == 'system' %}{{- '<|system|>' + messages[0].content + '<|end|>' }}"
-        "{%- set rest = messages[1:] %}{%- else %}{%- set rest = messages %}{%- endif %}\n"
-        "{%- for m in rest %}\n  {%- if m.role not in ['user', 'assistant'] %}{{ raise_exception('role') }}{% endif %}\n"
-        "  {{- '<|' + m.role + '|>' + m.content | trim + '<|end|>' }}\n{%- endfor %}\n"
-        "{%- if add_generation_prompt %}{{- '<|assistant|>' }}{%- endif %}")
-    model_dir = tmp_path / "results" / "tiny" / "base" / "model"
-    tokenizer.save_pretrained(model_dir)
-    for task, splits in rows_by_task.items():
-        for split, rows in splits.items():
-            write_jsonl(tmp_path / "results" / "data" / task / f"{split}.jsonl", rows)
-    config = load("config.yaml")
-    config["plan"] = {"results": str(tmp_path / "results")}
-    return config, tokenizer
-
-
-def _rows(task: str, words: list[int]) -> list[dict]:
-    return [{"id": f"{task}-{i}", "prompt": [{"role": "system", "content": "Answer briefly."},
-                                            {"role": "user", "content": " ".join(["sum 12 and 30"] * n)}]}
-            for i, n in enumerate(words)]
-
-
-def test_prompt_lengths_are_measured_from_the_prepared_data(tmp_path):
-    """Where the data and the model's tokenizer are there at parse time, a job's prompt tokens are its split's
-    longest prompt with the chat template, as the jobs tokenize it (prompt_token_ids), in whole 16-token KV
-    blocks; elsewhere the stated constant. The old plan took the constant (64 for sum_yesno) whatever the data."""
-    from esgrpo.engines.vllm_engine import prompt_token_ids
-    from esgrpo.plan import PlanSettings
-    from esgrpo.plan.grid import PromptTokens, eval_job, train_job
-    from esgrpo.plan.prompts import PROMPT_TOKENS, ChatPrompts, tokenizer_files
-
-    data = {"sum_yesno": {"train": _rows("t", [1, 3, 40]), "test": _rows("s", [2, 7])}, "leg_count": {"train": []}}
-    config, tokenizer = _measured_setup(tmp_path, data)
-    settings = PlanSettings.from_config(config)
-    lengths = PromptTokens(config, settings)
-    assert lengths("tiny", "leg_count", "train") == PROMPT_TOKENS["leg_count"]  # an empty split measures nothing
-    for split, rows in data["sum_yesno"].items():
-        jobs_tokens = [len(ids) for ids in prompt_token_ids(tokenizer, rows)]
-        files = tokenizer_files(tmp_path / "results" / "tiny" / "base" / "model")
-        assert ChatPrompts(files).lengths(rows) == jobs_tokens  # the light renderer = transformers' template
-        assert lengths("tiny", "sum_yesno", split) == -(-max(jobs_tokens) // 16) * 16
-    assert lengths("tiny", "sum_yesno", "train") > PROMPT_TOKENS["sum_yesno"]  # the constant would be too short
-    assert lengths.sources[("tiny", "sum_yesno", "train")].startswith("measured")
-    assert lengths("tiny", "countdown3", "train") == PROMPT_TOKENS["countdown3"]  # no data there
-    assert lengths.sources[("tiny", "countdown3", "train")] == "constant (no prepared data)"
-    arch = architecture_for(config, "tiny", settings.results)
-    run = next(r for t, r in __import__("esgrpo.runs", fromlist=["planned_runs"]).planned_runs(config, "tiny")
-               if t == "sum_yesno")
-    assert train_job(config, "tiny", "sum_yesno", run, arch, settings, lengths).prompt_tokens == lengths(
-        "tiny", "sum_yesno", "train")
-    assert eval_job(config, "tiny", "base", "base", arch, settings, lengths).prompt_tokens >= lengths(
-        "tiny", "sum_yesno", "test")
-    # the measurement is cached beside the data and reread unless a file changed
-    cache = json.loads((tmp_path / "results" / "data" / "sum_yesno" / "prompt_tokens.json").read_text())
-    assert cache["tiny"]["longest"]["train"] == max(len(i) for i in prompt_token_ids(tokenizer, data["sum_yesno"]["train"]))
-    config["plan"]["prompt_tokens"] = {"sum_yesno": 4096}  # an explicit larger setting wins over the measurement
-    assert PromptTokens(config, PlanSettings.from_config(config))("tiny", "sum_yesno", "train") == 4096
-
-
-def test_prompt_measurement_stays_light_and_a_bad_row_is_named(tmp_path):
-    """Measuring imports tokenizers and jinja2, never torch or transformers; an unrenderable row names its file
-    and row, and the plan then falls back to the constant with a warning."""
-    from esgrpo.plan.prompts import ChatPrompts, longest_prompts, tokenizer_files
-
-    bad = _rows("b", [1]) + [{"id": "b-odd", "prompt": [{"role": "tool", "content": "x"}]}]
-    _measured_setup(tmp_path, {"sum_yesno": {"train": bad}})
-    model = tmp_path / "results" / "tiny" / "base" / "model"
-    with pytest.raises(ValueError, match=r"train.jsonl, row 2 \(id 'b-odd'\)"):
-        longest_prompts(tmp_path / "results" / "data" / "sum_yesno", tokenizer_files(model), "tiny")
-    code = ("import sys; from esgrpo.plan.prompts import ChatPrompts, tokenizer_files; "
-            f"print(ChatPrompts(tokenizer_files({str(model)!r})).lengths([{{'prompt': [{{'role': 'user', 'content': 'hi'}}]}}]),"
-            " sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
-    assert out.stdout.strip().endswith("[]")
-    assert ChatPrompts is not None
 
 
 def test_refusals_read_well_and_follow_the_stated_limits(monkeypatch):
