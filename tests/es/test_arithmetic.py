@@ -2,7 +2,7 @@
 transformers backend: each variant against the papers' arithmetic computed outside the project
 (tests/data/es_arithmetic/make_expected.py, written from the papers' code; its header gives the commits and
 the command), the seedings' noise, the population engine's members, and a kill -9 resume in place.
-The vLLM workers' variants are tested in tests/test_vllm.py against the same file."""
+The vLLM workers' variants are tested in tests/es/test_vllm_backend.py against the same file."""
 
 from __future__ import annotations
 

@@ -164,7 +164,7 @@ def test_every_readme_command_a_dry_run_can_check_runs(tmp_path, ci_workflow):
     targets with -n, scripts with --help, and the TensorBoard folder the README points at (in the CI grid's
     folder). A line of another kind fails the test until it is
     handled here; `pip install` lines (they install) and the Usage section's `git clone` / `snakedeploy
-    deploy-workflow` of the published repository (tests/test_deploy.py runs them from a local clone) are left out."""
+    deploy-workflow` of the published repository (tests/pipeline/test_deploy.py runs them from a local clone) are left out."""
     import os
     import shutil
     import subprocess
@@ -188,7 +188,7 @@ def test_every_readme_command_a_dry_run_can_check_runs(tmp_path, ci_workflow):
             continue
         if words[:2] in (["git", "clone"], ["snakedeploy", "deploy-workflow"]):
             # the Usage section's steps against the published repository (network, a release): the deploy stage
-            # runs the same steps from a local clone (tests/test_deploy.py)
+            # runs the same steps from a local clone (tests/pipeline/test_deploy.py)
             assert "https://github.com/<owner>/esgrpo" in line, line
             continue
         if words[0] == "tensorboard":

@@ -1,6 +1,6 @@
 """The environments' pins against what the installed libraries declare: the GPU env's vLLM inside the
 range TRL supports, pyproject's ranges admitting both envs, and one SLURM plugin version for the
-driver, the jobs and the fake-sbatch test (tests/test_slurm_profile.py)."""
+driver, the jobs and the fake-sbatch test (tests/workflow/test_slurm_profile.py)."""
 
 from __future__ import annotations
 

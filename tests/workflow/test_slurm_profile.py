@@ -38,7 +38,7 @@ def test_profile_keys_are_real_flags():
     assert p["executor"] == "slurm" and p["slurm-requeue"] is True
     for key in ("slurm-requeue", "slurm-status-command", "slurm-delete-logfiles-older-than", "slurm-logdir"):
         assert key.removeprefix("slurm-").replace("-", "_") in ExecutorSettings.__dataclass_fields__, key
-    # sacct's "CANCELLED by <uid>" never matches the plugin's failure states (tests/test_slurm_real.py)
+    # sacct's "CANCELLED by <uid>" never matches the plugin's failure states (tests/pipeline/test_slurm_real.py)
     assert p["slurm-status-command"] == "squeue"
     assert "set-threads" not in p  # CPUs per job come from the rules and the plan
     assert p["retries"] >= 1 and "cores" not in p  # no cores on a login node
@@ -238,7 +238,7 @@ def test_gpu_jobs_of_paper_b_get_gpus_memory_runtime_and_partition(fake_slurm, t
             assert flag(args, "--cpus-per-task") is None
             # One task per GPU job: the trainer starts its own GPU workers (vLLM engines, Ray actors).
             # Plugin 2.6.x added --ntasks-per-gpu=1 to every GPU job; 2.8.0, pinned in both envs and run
-            # here (tests/test_envs.py), adds it only when a rule sets tasks_per_gpu.
+            # here (tests/pipeline/test_envs.py), adds it only when a rule sets tasks_per_gpu.
             assert flag(args, "--ntasks-per-gpu") is None and flag(args, "--ntasks") is None
 
 
