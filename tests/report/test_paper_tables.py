@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import tests.report.synthetic as synthetic_results
 from esgrpo.analysis.jobs import AnalysisJob
 from esgrpo.analysis.settings import ANALYSES
 from esgrpo.report import claim_estimates, frames, loading, planning, registry, stats
@@ -590,7 +591,7 @@ def test_paper_b_tables_show_the_papers_passk_and_drift_cells(tmp_path, monkeypa
     are the same numbers (report.paper_values is their one source)."""
     from esgrpo.report.paper_values import PAPER_VALUES
 
-    monkeypatch.setitem(globals(), "N", 32)  # 32 samples per prompt, as paper B's Pass@32 needs
+    monkeypatch.setattr(synthetic_results, "N", 32)  # 32 samples per prompt, as paper B's Pass@32 needs
     analysis = make_results(tmp_path, config=PAPER_B_CONFIG)
     out = build(tmp_path, "b_passk", analysis, config=PAPER_B_CONFIG)
     cells = _paper_cells(pd.read_csv(out["csv"]), "metric", ["model", "task", "budget", "metric"])
