@@ -8,7 +8,7 @@ from esgrpo.analysis.settings import analysis_config
 from esgrpo.config import ConfigError, schema_error
 from esgrpo.grids import results_folder
 
-# The Snakemake every environment pins and the test suite runs (envs/*.yaml; tests/test_catalog.py).
+# The Snakemake every environment pins and the test suite runs (envs/*.yaml; tests/pipeline/test_catalog.py).
 min_version("9.27")
 
 

@@ -5,7 +5,7 @@
 
 Each row is one `snakemake -n --quiet rules` ("Job stats": jobs per rule) in an empty working directory,
 for the target the docs run: a paper config with its paper's target (`paper_b` alone; `all` would also
-make paper A's tables from paper B's runs), the others with `all`. tests/test_docs.py fails when the
+make paper A's tables from paper B's runs), the others with `all`. tests/pipeline/test_docs.py fails when the
 table in docs/cluster.md differs from what this prints.
 """
 

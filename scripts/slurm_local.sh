@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real one-node Slurm on localhost, for the tests that submit through sbatch (tests/test_slurm_real.py)
+# A real one-node Slurm on localhost, for the tests that submit through sbatch (tests/pipeline/test_slurm_real.py)
 # and for trying profiles/slurm by hand:
 #
 #   sudo scripts/slurm_local.sh start     # install (apt, first time only), configure, start; prints timings

@@ -1,5 +1,5 @@
-"""Shared fixtures: one thread per process (docs/references.md: more threads than cores thrash), and the
-CI workflow run once per session through the Snakemake Python API."""
+"""Shared fixtures: one thread per process (docs/references.md: more threads than cores thrash), the CI workflow
+run once per session through the Snakemake Python API, and the tiny boxed yes/no model (tests/grpo/helpers.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 REPO = Path(__file__).resolve().parents[1]
+
+# model_dir, the tiny boxed yes/no model the GRPO trainer's and the live TensorBoard tests train
+pytest_plugins = ["tests.grpo.helpers"]
 
 
 def pytest_configure(config):

@@ -7,9 +7,9 @@ import re
 
 import pytest
 import yaml
-from conftest import REPO
 
 from esgrpo.config import ConfigError, check_config, software_env
+from tests.conftest import REPO
 
 
 @pytest.fixture

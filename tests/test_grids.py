@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, results_of, run_workflow
 
 from esgrpo.files import read_json
 from esgrpo.grids import (
@@ -27,6 +26,7 @@ from esgrpo.grids import (
     write_grid_record,
 )
 from esgrpo.plan.prompts import CACHE_FILE
+from tests.conftest import REPO, results_of, run_workflow
 
 CI = REPO / "configs" / "ci.yaml"
 

@@ -9,10 +9,10 @@ import math
 from pathlib import Path
 
 import pytest
-from test_grpo import model_dir, yesno_rows  # noqa: F401  (model_dir: the tiny boxed yes/no model fixture)
 
 from esgrpo.files import write_json, write_jsonl
 from esgrpo.live import ENV, SHARED, Eta, LiveLog, LiveSettings, format_seconds, live_settings
+from tests.grpo.helpers import yesno_rows
 
 pytest.importorskip("tensorboard")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
@@ -117,7 +117,7 @@ GRPO = {"num_generations": 4, "prompts_per_step": 4, "steps": 2, "max_new_tokens
         "save_every": 1, "seed": 0}
 
 
-def test_es_and_grpo_stages_write_the_same_tags_and_the_same_results(model_dir, tmp_path, monkeypatch):  # noqa: F811
+def test_es_and_grpo_stages_write_the_same_tags_and_the_same_results(model_dir, tmp_path, monkeypatch):
     root = tmp_path / "on" / "results" / "tensorboard"
     monkeypatch.setenv(ENV, json.dumps({"report_to": ["tensorboard"], "project": "esgrpo", "root": str(root)}))
     on = {m: train(tmp_path / "on", model_dir, m, run, s) for m, run, s in

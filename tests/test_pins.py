@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO
 
 from esgrpo.config import ConfigError, check_config
 from esgrpo.files import read_json, read_jsonl
 from esgrpo.pins import PinError, check_sha256, model_snapshot_folder, pinned_model_folder
 from esgrpo.workflow.stages.data import prepare_task
+from tests.conftest import REPO
 
 
 def _gsm8k_folder(tmp_path: Path) -> tuple[Path, dict[str, str]]:

@@ -1,5 +1,6 @@
 """Progress folders (esgrpo.progress): the writer lock against real other processes, whole checkpoints,
-fresh starts and the run fingerprint. The trainers' own lock tests are in test_es.py and test_grpo.py."""
+fresh starts and the run fingerprint. The trainers' own lock tests are in tests/es/test_loop.py and
+tests/grpo/test_trainer.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,6 @@ import re
 
 import pytest
 import yaml
-from conftest import REPO
 
 from esgrpo.files import append_jsonl, atomic_directory, read_jsonl, write_json
 from esgrpo.runs import (
@@ -27,6 +26,7 @@ from esgrpo.runs import (
     snapshot_name,
     trainer_settings,
 )
+from tests.conftest import REPO
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ def _datasheet(name: str, memory_gib: float, tflops: float, tbps: float, total_m
 # 143,156; H100 SXM 81,082-81,090, the lowest taken; A100 40 GB 40,536; L40S 45,589), else what
 # nvidia-smi lists as the total, which is a few hundred MiB above CUDA's (A100 80 GB 81,920; H100 NVL
 # 95,830; A10 23,028): for those the plan's share may come out up to ~1% short of what it meant. No
-# usable figure may exceed its total (tests/test_plan.py); the H100's was 79.2 GiB, above its 79.18.
+# usable figure may exceed its total (tests/plan/test_plan.py); the H100's was 79.2 GiB, above its 79.18.
 GPU_TYPES: dict[str, GpuType] = {
     t.name: t for t in (
         GpuType("h200", 139.0, 790.0, 4.3, 143156,

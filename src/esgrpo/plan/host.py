@@ -1,7 +1,7 @@
 """Host memory (RSS) of a job, phase by phase: what `mem_mb` must cover.
 
 The CPU terms (transformers backend, no vLLM) are checked against measured peaks by
-`benchmarks/plan_memory.py` and `tests/test_plan.py`; the GPU-job terms (CUDA libraries, vLLM
+`benchmarks/plan_memory.py` and `tests/plan/test_host.py`; the GPU-job terms (CUDA libraries, vLLM
 processes, host copies next to GPU training) are estimates until run on a GPU node.
 """
 

@@ -89,7 +89,7 @@ def es_tensor_bytes(n: int, assembled: bool, agreement: bool = False) -> dict[st
       quarter chunk of it and of the step, 16 * min(n, c/4);
     - distance from theta0 (`esgrpo.distance.distance`): subtracted in float64 a chunk at a time (theta's
       chunk, theta0's, their difference: 24c), on either backend (vLLM engine 0 keeps theta0 on the host).
-    Counted from the code; `benchmarks/es_update_memory.py` measures each (tests/test_plan.py).
+    Counted from the code; `benchmarks/es_update_memory.py` measures each (tests/plan/test_plan.py).
     """
     from esgrpo.distance import NORM_CHUNK_ELEMENTS
 
@@ -259,7 +259,7 @@ def autocast_weight_copies(arch: Architecture, sharding: str) -> dict[str, int]:
     forward of the fp32 policy on one GPU, the training forward and TRL's no-grad log-prob forwards
     alike, ends holding a bf16 copy of every weight a matmul reads: 2 bytes per parameter of the
     linear layers and the LM head (the embedding lookup and the RMSNorms run uncast; a tied embedding
-    is cast as the head). `benchmarks/autocast_memory.py` measures it on this CPU (tests/test_plan.py).
+    is cast as the head). `benchmarks/autocast_memory.py` measures it on this CPU (tests/plan/test_plan.py).
     Sharded over FSDP the gathered units are already bf16 (accelerate's MixedPrecisionPolicy), so
     nothing is cast.
     """

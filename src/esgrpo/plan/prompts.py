@@ -15,7 +15,7 @@ encodes, jinja2 renders the chat template the way transformers' `apply_chat_temp
 non-escaping `tojson`, the tokenizer's special tokens as variables, add_generation_prompt). The
 count is rounded up to whole vLLM KV blocks of 16 tokens, a margin that costs no KV cache when
 max_new_tokens is itself a multiple of 16 (vLLM allocates whole blocks anyway).
-`tests/test_plan.py` checks the count against the jobs' own tokenization
+`tests/plan/test_prompts.py` checks the count against the jobs' own tokenization
 (`esgrpo.engines.vllm_engine.prompt_token_ids`) on the tokenizers at hand. A template this
 renderer cannot compile (e.g. transformers' `{% generation %}` tag) is reported and falls back to
 the constant. Measurements are cached in `{results_dir}/data/{task}/prompt_tokens.json`, keyed by the

@@ -16,7 +16,7 @@ guessed: they are solved from two measured ES speeds of es-at-scale on 8 H200 (d
 N=30, 200 prompts, <= 1,024 tokens; 500 iterations took 3 node-hours at 1.5B and 6 at 7B, i.e.
 ~21.6 s and 43.2 s per iteration; the ~22 s per iteration at 1.5B is the same figure), assuming
 prompts of ~150 tokens (Countdown's question and chat template). The third figure (3B: 4
-node-hours, 28.8 s per iteration) is a check: the model gives 27.2 s (tests/test_plan.py).
+node-hours, 28.8 s per iteration) is a check: the model gives 27.2 s (tests/plan/test_runtime.py).
 
 Training (GRPO): 6 x parameters x tokens FLOPs for forward and backward, + 2 x parameters x
 tokens for the recomputed forward under activation checkpointing, at half the bf16 matmul rate

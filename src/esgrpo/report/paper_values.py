@@ -11,7 +11,7 @@ any other config (the default grid's tiny model and toy tasks) finds no key and 
 
 Every value cites where it comes from (docs/references.md, and the papers' public code where the
 number is in it); ``secondary`` marks the (2°) figures of secondary summaries. The claims catalog's
-``paper_value`` figures (report/claims.yaml) are these numbers too: tests/test_paper_tables.py checks it.
+``paper_value`` figures (report/claims.yaml) are these numbers too: tests/report/test_paper_tables.py checks it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Paper A ("Matching Accuracy, Different Geometry", github.com/Bhoy1/ESvsGRPO at 4
 `src/es_vs_grpo/tasks/{countdown,math,chemistry,boolq}.py`, `compute_reward`) grades the generated
 text alone in training and evaluation alike. These functions are written here from a reading of
 that code (none of it is copied) and are checked against its own verdicts on a corpus of 2,404
-completions (tests/data/rewards/, tests/test_reward_rules.py): they agree on every case.
+completions (tests/data/rewards/, tests/tasks/test_paper_rewards.py): they agree on every case.
 
 Where its code and its prompt or comments disagree, this module follows the code (`rewards.rules:
 paper_a` means "count what paper A's tables count"); docs/rewards.md lists those places:

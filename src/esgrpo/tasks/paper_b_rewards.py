@@ -11,7 +11,7 @@ Paper B ("Understanding ES for LLM Reasoning", github.com/yunpengba7/understandi
   parse finds nothing, regular expressions read `#### N`, else the last box, else "answer/result is N",
   compared with the gold as normalised numbers.
 These functions are written from a reading of that code (nothing copied) and are checked against its
-own verdicts on a corpus of completions (tests/data/rewards/, tests/test_reward_rules.py). Its code
+own verdicts on a corpus of completions (tests/data/rewards/, tests/tasks/test_paper_rewards.py). Its code
 grades GSM8K only; `rewards.rules: paper_b` applies the same two graders to every maths task (the hard
 setting's DeepScaleR and benchmarks included; docs/rewards.md says what that does to LaTeX golds).
 The math-verify part runs in `esgrpo.tasks.math_verify_runner` (bounded in time in any thread).

@@ -10,7 +10,7 @@ working directory and environment, writing the same log, and its exit status bec
 
 What it changes: only where the imports happen. What it keeps:
 - results: a forked child computes what a fresh process computes (the same modules, seeds set by
-  each stage; `tests/test_job_server.py` checks outputs byte for byte against an in-process run);
+  each stage; `tests/workflow/test_job_server.py` checks outputs byte for byte against an in-process run);
 - killing: a client that dies (Snakemake cancelling the job) gets its child killed; the server dies
   with its Snakemake process (it polls its parent) and its children with it (PR_SET_PDEATHSIG), so
   `kill -9` of Snakemake leaves nothing running, and a rerun resumes from the runs' progress folders;

@@ -1,7 +1,7 @@
 """The workflow's side of a SLURM cluster (profiles/slurm; docs/cluster.md, "When the driver dies").
 
 Two things the executor plugin (snakemake-executor-plugin-slurm 2.8.0) does not do, seen on a real
-Slurm 22.05 (tests/test_slurm_real.py):
+Slurm 22.05 (tests/pipeline/test_slurm_real.py):
 
 - A driver killed with kill -9 leaves its jobs running. A new driver cannot see them (the plugin follows
   only the jobs of its own run ID) and submits the same runs again: each copy fails on the trainer's

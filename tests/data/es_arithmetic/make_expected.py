@@ -1,4 +1,4 @@
-"""The papers' ES arithmetic computed directly, outside the project, for tests/test_es_arithmetic.py.
+"""The papers' ES arithmetic computed directly, outside the project, for tests/es/test_arithmetic.py.
 
 Written from a reading of the papers' workers (nothing imported from esgrpo; torch, numpy and hashlib only):
 - paper A: Bhoy1/ESvsGRPO at 43eed8c, src/es_vs_grpo/train/es_worker.py (perturb_self_weights,

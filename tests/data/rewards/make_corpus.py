@@ -6,7 +6,7 @@ Deterministic (no clock, a fixed seed); re-running rewrites the same bytes. Each
 `answer` and `meta` are what the project's task rows hold (esgrpo.tasks.hub): countdown's answer is the
 target as text and its meta holds numbers and target; math's answer is the gold string; chemistry's the
 gold letter; boolq's "yes" / "no". `form` names the surface form, so a disagreement between two sets of
-rules can be traced to the form that caused it (tests/test_reward_rules.py, docs/rewards.md).
+rules can be traced to the form that caused it (tests/tasks/test_paper_rewards.py, docs/rewards.md).
 
 The cases are written by hand here (no model output): correct answers in many surface forms and near
 misses (boxes nested, spaced, repeated, changed; fractions, decimals, units, thousands separators,
