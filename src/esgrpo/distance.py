@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from esgrpo.models.parameter_names import module_type
+from esgrpo.parameter_names import module_type
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -80,7 +80,7 @@ class StepAgreement:
     def add(self, applied: Tensor, intended: Tensor, name: str | None = None,
             chunk: int = NORM_CHUNK_ELEMENTS // 4) -> None:
         """Count one tensor's (or one piece's) applied and intended steps; `name`, the parameter's, also
-        counts its changed coordinates under its module type (`esgrpo.models.parameter_names.module_type`)."""
+        counts its changed coordinates under its module type (`esgrpo.parameter_names.module_type`)."""
         import torch
 
         with torch.no_grad():

@@ -23,8 +23,8 @@ from esgrpo.es.loop import train_es
 from esgrpo.es.ops import member_seeds
 from esgrpo.es.settings import ESConfig
 from esgrpo.files import read_jsonl
-from esgrpo.models.parameter_names import module_type
 from esgrpo.noise import Noise, Population
+from esgrpo.parameter_names import module_type
 from tests.conftest import REPO
 from tests.es.helpers import ROWS, members_of, quadratic_evaluator, saved_weights, tiny_llama
 

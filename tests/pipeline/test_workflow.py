@@ -56,7 +56,7 @@ def test_the_dag_parse_imports_no_torch(tmp_path):
 LAYERS = [
     {"esgrpo", "esgrpo.files", "esgrpo.provenance", "esgrpo.settings", "esgrpo.runs", "esgrpo.progress",
      "esgrpo.estimators", "esgrpo.noise", "esgrpo.distance", "esgrpo.run_record",
-     "esgrpo.live", "esgrpo.grids"},
+     "esgrpo.live", "esgrpo.grids", "esgrpo.parameter_names"},
     {"esgrpo.tasks"},
     {"esgrpo.engines"},
     {"esgrpo.models"},

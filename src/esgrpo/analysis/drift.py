@@ -19,7 +19,7 @@ import pandas as pd
 import torch
 
 from esgrpo.distance import squared_norm
-from esgrpo.models.parameter_names import MODULE_TYPES, layer_index, module_type
+from esgrpo.parameter_names import MODULE_TYPES, layer_index, module_type
 
 StateDict = Mapping[str, torch.Tensor]
 

@@ -1,5 +1,5 @@
 """Models: ``loading`` (any causal LM by Hub id or local folder; save in HF layout), ``default`` (the
 offline default: its tokenizer and tiny Llama), ``warmup`` (the default's supervised warm-up),
-``fingerprint`` (the numbers that tell whether a built base matches ours), ``tensor_files``
-(safetensors written and read one tensor at a time) and ``parameter_names`` (a parameter's module type and layer). Open ``loading`` first.
+``fingerprint`` (the numbers that tell whether a built base matches ours) and ``tensor_files``
+(safetensors written and read one tensor at a time). Open ``loading`` first.
 """

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from esgrpo.models.parameter_names import MODULE_TYPES
+from esgrpo.parameter_names import MODULE_TYPES
 from esgrpo.report.claim_estimates import drift_claims, theory_claim
 from esgrpo.report.claims import CLAIMS, claims_table
 from esgrpo.report.frames import drift_norms

@@ -1,6 +1,6 @@
 """What a parameter's name says: its module type (embedding, attention, mlp, norm, lm_head, other) and its
 decoder layer. The drift analysis groups by them, and ES's step agreement counts changed coordinates by them
-(`esgrpo.distance.StepAgreement`)."""
+(`esgrpo.distance.StepAgreement`): a basic both sides share, below es/ and analysis/."""
 
 from __future__ import annotations
 
