@@ -21,21 +21,23 @@ from esgrpo.files import read_jsonl
 from esgrpo.grids import results_folder
 from esgrpo.report.arithmetic import ARITHMETIC_LABELS, arithmetic_of
 from esgrpo.report.figures import draw_figure, palette_for, seaborn, shared_legend
+from esgrpo.report.planning import paper_setup, run_kind
 from esgrpo.runs import parse_run_name, planned_runs
 
 
 def compared_runs(config: dict) -> list[tuple[str, str, str]]:
-    """(model, task, run) of each arithmetic run on the ablation task and of the exact main ES run of its
-    population and seed."""
-    task = ((config.get("es") or {}).get("ablations") or {}).get("task")
+    """(model, task, run) of each arithmetic run on the ablation task and of the main ES run of its population
+    and seed (the runs `esgrpo.report.arithmetic` compares; kinds from `esgrpo.report.planning.run_kind`)."""
+    setup = paper_setup(config)
+    task = setup["ablation_task"]
     out = []
-    for model in config["models"]:
-        runs = [r for t, r in planned_runs(config, model) if t == task and parse_run_name(r).family == "es"]
-        arith = [r for r in runs if parse_run_name(r).arithmetic]
+    for model in setup["models"]:
+        kinds = {run: run_kind(run, setup["main_n"], setup["main_g"], setup.get("main_rank"))
+                 for t, run in planned_runs(config, model) if t == task}
+        arith = [r for r, k in kinds.items() if k == "es_arith"]
         cells = {(parse_run_name(r).population, parse_run_name(r).seed) for r in arith}
-        exact = [r for r in runs if not parse_run_name(r).arithmetic and parse_run_name(r).rank is None
-                 and (parse_run_name(r).population, parse_run_name(r).seed) in cells
-                 and parse_run_name(r).variant == parse_run_name(arith[0]).variant.split("-arith_")[0]]
+        exact = [r for r, k in kinds.items()
+                 if k == "es" and (parse_run_name(r).population, parse_run_name(r).seed) in cells]
         out += [(model, task, r) for r in exact + arith]
     return out
 

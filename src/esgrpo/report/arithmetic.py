@@ -19,13 +19,14 @@ from esgrpo.report.claim_estimates import drift_claims, theory_claim
 from esgrpo.report.claims import CLAIMS, claims_table
 from esgrpo.report.frames import drift_norms
 from esgrpo.report.loading import StageInputs, run_labels
+from esgrpo.report.planning import arithmetic_paper
 from esgrpo.report.registry import table_caption
 from esgrpo.report.stats import ci_prompts, ci_values, ratio_ci, stat
 from esgrpo.report.writing import fmt_ci, order_rows, write_long_table
 from esgrpo.runs import ARITHMETIC_VARIANTS, parse_run_name
 
 ARITHMETIC_LABELS = {"exact": "exact (fp32 master)",
-                     **{name: f"paper {name[-1].upper()} ({ARITHMETIC_VARIANTS[name]['arithmetic']}, bf16)"
+                     **{name: f"{arithmetic_paper(name)} ({ARITHMETIC_VARIANTS[name]['arithmetic']}, bf16)"
                         for name in ARITHMETIC_VARIANTS}}
 METRICS = ("test greedy accuracy", "distance / theory (final)", "step cosine with the intended step",
            "share of coordinates changed per update", "ES/GRPO drift ratio (relative L2)",

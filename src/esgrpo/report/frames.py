@@ -5,7 +5,7 @@ JS diversity against Pass@K gain and interpolation barriers."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import pandas as pd
@@ -56,6 +56,17 @@ def drift_norms(drift: pd.DataFrame, by: Sequence[str] = ()) -> pd.DataFrame:
     g = g.join(totals, on=keys[:7])
     g["share_sq"] = g["_sq"] / g["_tot"].where(g["_tot"] > 0)
     return g.drop(columns=["_sq", "_bsq", "_tot"])
+
+
+def es_against_grpo(norms: pd.DataFrame) -> Iterator[tuple[str, pd.DataFrame, pd.DataFrame]]:
+    """(method, its rows, GRPO's rows) for each ES method of `norms` that has GRPO rows beside it: the main
+    ES runs (method ES, continual stages included), then each paper's arithmetic (run kind es_arith)."""
+    grpo = norms[norms["method"] == "GRPO"]
+    if grpo.empty:
+        return
+    es = norms[(norms["method"] == "ES") | (norms["run_kind"] == "es_arith")]
+    for method, rows in es.groupby("method", sort=True):
+        yield method, rows, grpo
 
 
 def _with_gain_columns(rows: pd.DataFrame, base: pd.DataFrame, model: str, eval_task: str) -> pd.DataFrame:

@@ -10,6 +10,7 @@ import pandas as pd
 from esgrpo.report.frames import (
     barrier_heights,
     drift_norms,
+    es_against_grpo,
     has_continual_stages,
     kl_sequence_label,
     stage_frame,
@@ -120,11 +121,9 @@ def build_a_update_norms(data: StageInputs) -> pd.DataFrame:
                                  ci_values(theory.loc[runs]), n_seeds=gm["seed"].nunique()))
             rows.append(stat({**keys, "quantity": "relative L2", "method": method}, ci_values(gm["relative_l2"]),
                              n_seeds=gm["seed"].nunique()))
-        grpo = g[g["method"] == "GRPO"]
-        for method, es in g[g["method"].eq("ES") | g["method"].str.startswith("ES (")].groupby("method", sort=True):
-            if not grpo.empty:  # the main ES runs' ratio, then each paper's arithmetic's
-                rows.append(stat({**keys, "quantity": f"{NORM} ratio", "method": f"{method}/GRPO"},
-                                 ratio_ci(es, grpo, "l2"), n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
+        for method, es, grpo in es_against_grpo(g):
+            rows.append(stat({**keys, "quantity": f"{NORM} ratio", "method": f"{method}/GRPO"},
+                             ratio_ci(es, grpo, "l2"), n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
     return with_paper_rows(pd.DataFrame(rows), "quantity", lambda row: _reported_norm(data.setup, row))
 
 

@@ -14,6 +14,7 @@ from esgrpo.report.frames import (
     drift_norms,
     entropy_change,
     entropy_labels,
+    es_against_grpo,
     lowrank_contrasts,
     population_of_variant,
     population_rewards,
@@ -240,12 +241,10 @@ def build_b_drift(data: StageInputs) -> pd.DataFrame:
                              n_seeds=gm["seed"].nunique()))
             rows.append(stat(keys, ci_values(gm["share_sq"]), quantity="share of squared update",
                              n_seeds=gm["seed"].nunique()))
-        grpo = g[g["method"] == "GRPO"]
-        for method, es in g[g["method"].eq("ES") | g["method"].str.startswith("ES (")].groupby("method", sort=True):
-            if not grpo.empty:  # the main ES runs' ratio, then each paper's arithmetic's
-                rows.append(stat({"model": model, "task": task, "module_type": module, "method": f"{method}/GRPO"},
-                                 ratio_ci(es, grpo, "relative_l2"), quantity="relative L2 ratio",
-                                 n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
+        for method, es, grpo in es_against_grpo(g):
+            rows.append(stat({"model": model, "task": task, "module_type": module, "method": f"{method}/GRPO"},
+                             ratio_ci(es, grpo, "relative_l2"), quantity="relative L2 ratio",
+                             n_seeds=len(set(es["seed"]) & set(grpo["seed"]))))
     return with_paper_rows(pd.DataFrame(rows), "quantity", lambda row: _reported_drift(data.setup, row))
 
 

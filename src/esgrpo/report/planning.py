@@ -70,9 +70,14 @@ def method_of(run: str, kind: str) -> str:
     return METHOD[kind]
 
 
+def arithmetic_paper(arithmetic: str) -> str:
+    """The paper whose ES arithmetic a key of es.ablations.arithmetic names: ``paper_a`` -> ``paper A``."""
+    return f"paper {arithmetic.removeprefix('paper_').upper()}"
+
+
 def arithmetic_method(arithmetic: str) -> str:
-    """The method column of a run of a paper's ES arithmetic (es.ablations.arithmetic: ``paper_a``)."""
-    return f"ES ({arithmetic.replace('_', ' ')[:-1]}{arithmetic[-1].upper()} arithmetic)"
+    """The method column of a run of a paper's ES arithmetic: ``ES (paper A arithmetic)``."""
+    return f"ES ({arithmetic_paper(arithmetic)} arithmetic)"
 
 
 def snapshot_method(iterations: int) -> str:
