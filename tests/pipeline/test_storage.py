@@ -97,14 +97,48 @@ def test_ci_grid_on_s3_has_the_tables_of_a_local_run(ci_workflow, s3, tmp_path):
     assert not list((tmp_path / "work").glob("results/ci/tables/*"))
 
 
+# Loaded by every Python process of the killed run (PYTHONPATH): the training job stores its progress folder and
+# sends SIGKILL to its process group (driver, job server, itself) as it is about to write checkpoint KILL_AT. A test
+# that polled storage from outside missed the window on an idle machine (150 iterations in 11 s).
+KILL_HOOK = """
+import os
+if os.environ.get("ESGRPO_TEST_KILL_AT"):
+    import signal
+    from esgrpo.progress import ProgressFolder
+    from esgrpo.workflow.progress_store import ProgressStore
+
+    kill_at, stores = int(os.environ["ESGRPO_TEST_KILL_AT"]), []
+    enter, write = ProgressStore.__enter__, ProgressFolder.write_checkpoint
+
+    def enter_and_keep(self):
+        stores.append(self)
+        return enter(self)
+
+    def write_or_die(self, step, *args):
+        if step == kill_at:
+            store = stores[-1]
+            store._stop.set()  # its thread ends; then what the folder holds goes to storage, in this thread
+            store._thread.join()
+            store.store()
+            os.killpg(os.getpgid(0), signal.SIGKILL)
+        return write(self, step, *args)
+
+    ProgressStore.__enter__, ProgressFolder.write_checkpoint = enter_and_keep, write_or_die
+"""
+
+
 def test_killed_training_resumes_from_the_checkpoint_in_storage(s3, tmp_path):
-    """One ES run long enough to be killed between checkpoints: SIGKILL to the whole run once a checkpoint is in
-    storage, the local progress folder deleted (another node), then the same command resumes from storage."""
+    """One ES run killed between checkpoints (SIGKILL to the whole run after checkpoint 20 is in storage, as it is
+    about to write 30), the local progress folder deleted (another node), then the same command resumes from
+    storage and ends with all 150 iterations' metrics."""
     client, env = s3
     config = yaml.safe_load(CI.read_text())
     config["es"]["settings"].update(iterations=150, checkpoint_every=10)
     configfile = tmp_path / "long_es.yaml"
     configfile.write_text(yaml.safe_dump(config))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_HOOK)
     # the grid's storage (its base model and data, when the grid test ran first), another working directory
     work, prefix = tmp_path / "work", "grid"
     run_dir = "tiny/countdown3/es-n4-s0"
@@ -115,30 +149,25 @@ def test_killed_training_resumes_from_the_checkpoint_in_storage(s3, tmp_path):
         client.delete_object(Bucket=BUCKET, Key=key)
 
     cmd = on_s3(work, prefix, env, configfile, "--forcerun=train_run", target)
+    killed_env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(hook), os.environ.get("PYTHONPATH")])),
+                  "ESGRPO_TEST_KILL_AT": "30"}
     with open(tmp_path / "killed.log", "w") as log:
-        driver = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}, stdout=log,
+        driver = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1", **env, **killed_env}, stdout=log,
                                   stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.time() + 900
-        while time.time() < deadline and driver.poll() is None:
-            if any(k.endswith(".stored") for k in keys(client, progress)):
-                os.killpg(driver.pid, signal.SIGKILL)  # the driver, the job server and the training job
-                break
-            time.sleep(0.5)
-        driver.wait()
+        driver.wait(timeout=900)
     assert driver.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
     assert f"{prefix}/{target}" not in keys(client, f"{prefix}/results/ci/{run_dir}/")  # it died before the end
-    stored_steps = sorted(k for k in keys(client, progress) if k.endswith(".stored"))
+    assert sorted(k for k in keys(client, progress) if k.endswith(".stored")) == [f"{progress}step-00000020.stored"]
     shutil.rmtree(work / "results" / "ci" / "progress")  # a fresh node: nothing of the run on its disk
 
     run(on_s3(work, prefix, env, configfile, "--unlock"), env, timeout=600)
     run(cmd, env, timeout=1200)
     summary = json.loads(stored(client, f"{prefix}/{target}"))
-    first = int(Path(stored_steps[0]).name.removesuffix(".stored").split("-")[1])
-    assert summary["resumed_from"] >= first > 0, (summary["resumed_from"], stored_steps)
+    assert summary["resumed_from"] == 20
     rows = [json.loads(line) for line in stored(client, f"{prefix}/results/ci/{run_dir}/metrics.jsonl").splitlines()]
     assert [r["iteration"] for r in rows] == list(range(1, 151))
     log = stored(client, f"{prefix}/results/ci/logs/{run_dir}/train.log").decode()
-    assert f"es: resuming after iteration {summary['resumed_from']} of 150" in log
+    assert "es: resuming after iteration 20 of 150" in log
 
 
 def test_progress_store_fetches_only_whole_checkpoints(s3, tmp_path, monkeypatch):
