@@ -65,13 +65,13 @@ rule analysis_cosine:
         base=base_model_files,
         models=analysis_cosine_models,
     output:
-        csv=f"{ANALYSIS_DIR}/{{model}}/cosine/{{task}}/s{{seed}}.csv",
+        csv=f"{ANALYSIS_DIR}/{{model}}/cosine/{{task}}/{{pair}}.csv",
     log:
-        f"{RESULTS}/logs/analysis/{{model}}/cosine/{{task}}/s{{seed}}.log",
+        f"{RESULTS}/logs/analysis/{{model}}/cosine/{{task}}/{{pair}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/analysis/{{model}}/cosine/{{task}}/s{{seed}}.tsv"
+        f"{RESULTS}/benchmarks/analysis/{{model}}/cosine/{{task}}/{{pair}}.tsv"
     wildcard_constraints:
-        seed=r"\d+",
+        pair=PAIR_PATTERN,
     conda:
         SOFTWARE_ENV
     threads: planned("analysis_cosine", "threads", 1)
@@ -111,6 +111,7 @@ rule analysis_sparsity:
     params:
         base_model=base_model_ref,
         model=run_model,
+        start_dtype=start_dtype,
         method=run_method,
         fractions=ANALYSIS["sparsity_fractions"],
         eval_tasks=judged_tasks,
@@ -187,14 +188,14 @@ rule analysis_interpolation:
         es=pair_es_model,
         grpo=pair_grpo_model,
     output:
-        csv=f"{ANALYSIS_DIR}/{{model}}/interpolation/{{task}}/s{{seed}}.csv",
-        json=f"{ANALYSIS_DIR}/{{model}}/interpolation/{{task}}/s{{seed}}.json",
+        csv=f"{ANALYSIS_DIR}/{{model}}/interpolation/{{task}}/{{pair}}.csv",
+        json=f"{ANALYSIS_DIR}/{{model}}/interpolation/{{task}}/{{pair}}.json",
     log:
-        f"{RESULTS}/logs/analysis/{{model}}/interpolation/{{task}}/s{{seed}}.log",
+        f"{RESULTS}/logs/analysis/{{model}}/interpolation/{{task}}/{{pair}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/analysis/{{model}}/interpolation/{{task}}/s{{seed}}.tsv"
+        f"{RESULTS}/benchmarks/analysis/{{model}}/interpolation/{{task}}/{{pair}}.tsv"
     wildcard_constraints:
-        seed=r"\d+",
+        pair=PAIR_PATTERN,
     conda:
         SOFTWARE_ENV
     threads: planned("analysis_interpolation", "threads", 1)
@@ -207,6 +208,7 @@ rule analysis_interpolation:
     params:
         base_model=base_model_ref,
         es_model=pair_es_model,
+        es_start_dtype=pair_es_start_dtype,
         grpo_model=pair_grpo_model,
         eval_tasks=eval_tasks,
         eval=analysis_interpolation_eval,

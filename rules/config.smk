@@ -12,7 +12,7 @@ from snakemake.logging import logger
 from esgrpo.config import check_config, software_env
 from esgrpo.grids import check_grid_folder, config_source
 from esgrpo.live import ENV as LIVE_ENV
-from esgrpo.runs import RUN_PATTERN, SNAPSHOT_RUN_PATTERN, TRAINED_RUN_PATTERN
+from esgrpo.runs import PAIR_PATTERN, RUN_PATTERN, SNAPSHOT_RUN_PATTERN, TRAINED_RUN_PATTERN
 from esgrpo.tasks.registry import get_task
 from esgrpo.tasks.rewards import own_graders_under
 from esgrpo.workflow import progress_store

@@ -7,7 +7,18 @@ from esgrpo.analysis.jobs import analysis_jobs
 from esgrpo.analysis.settings import analysis_config, analysis_eval_settings, next_seed
 from esgrpo.config import judged_on, model_eval_tasks, model_warmup_tasks, task_splits
 from esgrpo.pins import model_snapshot_folder
-from esgrpo.runs import eval_settings, main_es_name, main_grpo_name, reward_rules_setting, run_spec
+from esgrpo.runs import (
+    IN_PLACE_DTYPE,
+    arithmetic_run_name,
+    eval_settings,
+    main_es_name,
+    main_grpo_name,
+    pair_arithmetic,
+    pair_seed,
+    parse_run_name,
+    reward_rules_setting,
+    run_spec,
+)
 
 # --- models ------------------------------------------------------------------------------------
 
@@ -266,22 +277,58 @@ def _main_run_model(wildcards, main_name, seed):
     return f"{run_dir(wildcards.model, wildcards.task, main_name(config, seed))}/model"
 
 
+def run_start_dtype(model, task, run):
+    """The dtype of a run's start: a run of a paper's arithmetic starts from its weights' copy (esgrpo.runs.
+    IN_PLACE_DTYPE; on the vLLM backend the engines' dtype), every other run from the checkpoint's values."""
+    if parse_run_name(run).arithmetic is None:
+        return "float32"
+    es = config.get("es") or {}
+    if es.get("backend", "hf") == "vllm":
+        return (es.get("engine") or {}).get("dtype", IN_PLACE_DTYPE)
+    return IN_PLACE_DTYPE
+
+
+def start_dtype(wildcards):
+    return run_start_dtype(wildcards.model, wildcards.task, wildcards.run)
+
+
+def pair_es_run(wildcards):
+    """The ES end of a pair analysis: the seed's main ES run, or the run of the paper's arithmetic it names."""
+    seed, arithmetic = pair_seed(wildcards.pair), pair_arithmetic(wildcards.pair)
+    if arithmetic is None:
+        return main_es_name(config, seed)
+    return arithmetic_run_name(config, seed, arithmetic)
+
+
 def pair_es_model(wildcards):
-    """The model of this seed's main ES run: the ES end of the pair analyses."""
-    return _main_run_model(wildcards, main_es_name, int(wildcards.seed))
+    """The model of the pair's ES run: the ES end of the pair analyses."""
+    return f"{run_dir(wildcards.model, wildcards.task, pair_es_run(wildcards))}/model"
+
+
+def pair_es_start_dtype(wildcards):
+    return run_start_dtype(wildcards.model, wildcards.task, pair_es_run(wildcards))
 
 
 def pair_grpo_model(wildcards):
     """The model of this seed's main GRPO run: the GRPO end of the pair analyses."""
-    return _main_run_model(wildcards, main_grpo_name, int(wildcards.seed))
+    return _main_run_model(wildcards, main_grpo_name, pair_seed(wildcards.pair))
 
 
 def analysis_cosine_pairs(wildcards):
-    """es-grpo of this seed; es-es and grpo-grpo of this seed with the next configured seed."""
-    seed = int(wildcards.seed)
+    """es-grpo of this pair; for the main runs' pair also es-es and grpo-grpo of this seed with the next
+    configured seed. An ES end's delta is from its start (`a_start_dtype`)."""
+    seed = pair_seed(wildcards.pair)
     pairs = [
-        {"pair": "es-grpo", "a": pair_es_model(wildcards), "b": pair_grpo_model(wildcards), "seed_b": seed}
+        {
+            "pair": "es-grpo",
+            "a": pair_es_model(wildcards),
+            "b": pair_grpo_model(wildcards),
+            "seed_b": seed,
+            "a_start_dtype": pair_es_start_dtype(wildcards),
+        }
     ]
+    if pair_arithmetic(wildcards.pair) is not None:
+        return pairs
     for method, main_name in (("es", main_es_name), ("grpo", main_grpo_name)):
         other = next_seed(config, method, seed)
         if other is not None:
@@ -291,6 +338,7 @@ def analysis_cosine_pairs(wildcards):
                     "a": _main_run_model(wildcards, main_name, seed),
                     "b": _main_run_model(wildcards, main_name, other),
                     "seed_b": other,
+                    "a_start_dtype": "float32",
                 }
             )
     return pairs

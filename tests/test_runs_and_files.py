@@ -18,6 +18,8 @@ from esgrpo.runs import (
     es_name,
     grpo_name,
     main_name,
+    pair_arithmetic,
+    pair_name,
     pair_seed,
     parse_run_name,
     planned_runs,
@@ -194,6 +196,10 @@ def test_run_names_parse_back_to_what_formatted_them():
                            "es-then-grpo-s4", "cl_es-s3-k2", "es-n16-arith_paper_b-s0"]
     # pair analyses of the ES and GRPO main runs of one seed are named by the seed alone
     assert pair_seed("s12") == 12 and pair_seed("es-n16-s0") is None
+    assert pair_seed("arith_paper_b-s3") == 3 and pair_arithmetic("arith_paper_b-s3") == "paper_b"
+    assert pair_arithmetic("s3") is None and pair_name(3) == "s3" and pair_name(3, "paper_a") == "arith_paper_a-s3"
+    with pytest.raises(ValueError, match="'es-n16-s0' is not a pair analysis name"):
+        pair_arithmetic("es-n16-s0")
     with pytest.raises(ValueError, match="'base' is not a run name"):
         parse_run_name("base")
 

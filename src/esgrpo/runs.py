@@ -105,13 +105,33 @@ def parse_run_name(run: str) -> RunName:
                      f"es-n16-it10-s0")
 
 
-PAIR_RE = re.compile(r"s(?P<seed>\d+)")  # an analysis of the ES and GRPO main runs of one seed: s0
+# An analysis of an ES run and the main GRPO run of one seed: s0 (the main ES run), arith_paper_a-s0 (the run of
+# paper A's arithmetic in the main ES run's place).
+PAIR_RE = re.compile(r"(?:arith_(?P<arith>paper_a|paper_b)-)?s(?P<seed>\d+)")
+PAIR_PATTERN = _strip_groups(PAIR_RE)  # the pair analyses' wildcard (rules/analysis.smk)
+# The dtype a run of a paper's arithmetic holds its weights in, and so its start: the bf16 copy of an fp32
+# checkpoint (of a bf16 one, the checkpoint itself).
+IN_PLACE_DTYPE = "bfloat16"
 
 
 def pair_seed(name: str) -> int | None:
-    """The seed of a pair analysis's file name (``s0`` -> 0); None for a run name."""
+    """The seed of a pair analysis's file name (``s0``, ``arith_paper_a-s0`` -> 0); None for a run name."""
     m = PAIR_RE.fullmatch(name)
     return int(m["seed"]) if m else None
+
+
+def pair_arithmetic(name: str) -> str | None:
+    """The paper's arithmetic (a key of ARITHMETIC_VARIANTS) whose run a pair analysis takes as its ES end;
+    None: the main (exact) ES run."""
+    m = PAIR_RE.fullmatch(name)
+    if m is None:
+        raise ValueError(f"{name!r} is not a pair analysis name; expected s0 or arith_paper_a-s0")
+    return m["arith"]
+
+
+def pair_name(seed: int, arithmetic: str | None = None) -> str:
+    """The file name of the pair analysis of `seed` (with the run of a paper's `arithmetic` as its ES end)."""
+    return f"s{seed}" if arithmetic is None else f"arith_{arithmetic}-s{seed}"
 
 
 def es_name(n: int, seed: int, normalization: str = "zscore", antithetic: bool = False,
@@ -161,6 +181,11 @@ def config_rank(config: dict) -> int | None:
     main ES runs' names say."""
     settings = config["es"]["settings"]
     return int(settings.get("rank", 1)) if settings.get("noise", "full") == "lowrank" else None
+
+
+def arithmetic_run_name(config: dict, seed: int, arithmetic: str) -> str:
+    """The run of a paper's `arithmetic` (es.ablations.arithmetic) on `seed`: at the main population, full-rank."""
+    return es_name(config["es"]["population_sizes"][0], seed, arithmetic=arithmetic)
 
 
 def main_es_name(config: dict, seed: int) -> str:
@@ -318,8 +343,7 @@ def planned_runs(config: dict, model: str) -> list[tuple[str, str]]:
             if ablation.get("antithetic"):
                 runs += [(task, es_name(es["population_sizes"][0], s, antithetic=True, rank=config_rank(config)))
                          for s in seeds]
-            runs += [(task, es_name(es["population_sizes"][0], s, arithmetic=a))
-                     for a in ablation.get("arithmetic", []) for s in seeds]
+            runs += [(task, arithmetic_run_name(config, s, a)) for a in ablation.get("arithmetic", []) for s in seeds]
     if es:
         runs += [(task, snapshot_name(es["population_sizes"][0], k, s)) for task in tasks
                  for k in es_snapshots(config) for s in es["seeds"]]

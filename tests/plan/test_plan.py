@@ -174,7 +174,7 @@ def test_a_model_s_own_settings_size_its_jobs_and_no_other_s(tmp_path):
 
 def test_the_rules_find_each_job_s_plan_by_its_wildcards():
     """Planner.plan_of(rule, wildcards): each planned job's record states its rule's wildcards (the pair analyses
-    a seed, eval_base a model, analysis_base_samples an evaluation task, the held-out jobs a benchmark)."""
+    a pair name, eval_base a model, analysis_base_samples an evaluation task, the held-out jobs a benchmark)."""
     from esgrpo.analysis.jobs import analysis_jobs
     from esgrpo.plan import Planner, PlanSettings
 
@@ -184,10 +184,10 @@ def test_the_rules_find_each_job_s_plan_by_its_wildcards():
     for key, job in planner.jobs.items():
         assert planner.plan_of(job.rule, dict(job.wildcards)) is planner.plan(*key), key
         rules.add((job.rule, tuple(name for name, _ in job.wildcards)))
-    assert {("eval_base", ("model",)), ("heldout_base", ("bench", "model")), ("analysis_cosine", ("model", "seed", "task")),
+    assert {("eval_base", ("model",)), ("heldout_base", ("bench", "model")), ("analysis_cosine", ("model", "pair", "task")),
             ("heldout_run", ("bench", "model", "run", "task")), ("train_run", ("model", "run", "task"))} <= rules
     with pytest.raises(PlanError, match="no planned job analysis_cosine"):
-        planner.plan_of("analysis_cosine", {"model": "qwen3_4b", "task": "math", "seed": "99"})
+        planner.plan_of("analysis_cosine", {"model": "qwen3_4b", "task": "math", "pair": "s99"})
 
 
 def test_importing_the_plan_stays_light():

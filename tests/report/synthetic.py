@@ -16,7 +16,7 @@ from esgrpo.analysis.jobs import AnalysisJob
 from esgrpo.config import judged_on, model_eval_tasks
 from esgrpo.report import loading, planning, registry, stats
 from esgrpo.report.arithmetic import arithmetic_of
-from esgrpo.runs import es_name, planned_runs
+from esgrpo.runs import es_name, pair_name, parse_run_name, planned_runs
 
 TASKS = ["countdown3", "sum_yesno", "leg_count"]
 CONFIG = {
@@ -47,6 +47,9 @@ ARITHMETIC_AGREEMENT = {"exact": {"step_cosine": 1.0, "changed_share": 1.0,
                         "paper_b": {"step_cosine": 0.8, "changed_share": 0.7,
                                     "changed_share_by_module": {"mlp": 0.75, "norm": 0.1}}}
 ARITHMETIC_DRIFT = 3.0
+# the pair and sparsity analyses of the papers' runs: cosine with GRPO's update, the barrier on the path to GRPO,
+# the gain kept at keep fraction 0.1 (main runs: 0.01 / -0.01, no barrier, 0.8)
+ARITHMETIC_COSINE, ARITHMETIC_BARRIER, ARITHMETIC_SPARSITY = 0.4, 0.2, 0.3
 
 
 def _success(kind: str, on_task: bool, i: int, grpo_sharp: bool) -> float:
@@ -150,12 +153,13 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
                 csv(model, "theory", task, run,
                     [{"iteration": t, "updates": t, "distance": math.sqrt(sq * t), "sq_distance": sq * t,
                       "theory_sq": 0.01 * t} for t in range(1, 11)])
-            if kind in ("es", "grpo"):
-                gain = 0.15 if kind == "es" else 0.3
+            if kind in ("es", "grpo", "es_arith"):
+                gain = 0.3 if kind == "grpo" else 0.15
+                kept = ARITHMETIC_SPARSITY if kind == "es_arith" else 0.8  # the gain kept at keep fraction 0.1
                 csv(model, "sparsity", task, run,
                     [{"kind": "top_fraction", "keep_fraction": kf, "module_type": "", "n_kept": int(1000 * kf),
                       "n_changed": 1000, "greedy": 0.3 + gain * r, "mean@n": 0.3 + gain * r, "pass@1": 0.3 + gain * r}
-                     for kf, r in ((1.0, 1.0), (0.5, 1.0), (0.1, 0.8), (0.01, 0.2), (0.0, 0.0))]
+                     for kf, r in ((1.0, 1.0), (0.5, 1.0), (0.1, kept), (0.01, 0.2), (0.0, 0.0))]
                     + [{"kind": "reset_module", "keep_fraction": float("nan"), "module_type": mt, "n_kept": 750,
                         "n_changed": 1000, "greedy": 0.4, "mean@n": 0.4, "pass@1": 0.4} for mt in MODULES.values()])
             if kind in ("es", "grpo", "cl_es", "cl_grpo"):  # KL: main runs and continual stages
@@ -163,21 +167,30 @@ def make_results(root: Path, grpo_sharp: bool = True, config: dict = CONFIG, see
                 csv(model, "kl", task, run,
                     [{"eval_task": t, "token_mean": (0.05 if t == task else 0.03) * ("grpo" not in kind or 0.1)
                       * stage_scale, "prompt_mean": 0.0, "sequence_mean": 0.0, "n_tokens": 100} for t in TASKS])
-        for task in config["models"][model]["tasks"]:
-            for s in config["es"]["seeds"]:
-                csv(model, "cosine", task, f"s{s}",
+        pairs = [(task, s, None) for task in config["models"][model]["tasks"] for s in config["es"]["seeds"]]
+        pairs += [(task, parse_run_name(run).seed, parse_run_name(run).arithmetic)
+                  for task, run in planned_runs(config, model) if parse_run_name(run).arithmetic]
+        for task, s, arithmetic in pairs:
+            name = pair_name(s, arithmetic)
+            if arithmetic is None:
+                csv(model, "cosine", task, name,
                     [{"scope": "global", "key": "all", "cosine": 0.01 * (1 if s else -1), "pair": "es-grpo"},
                      {"scope": "layer", "key": "0", "cosine": 0.02, "pair": "es-grpo"},
                      {"scope": "global", "key": "all", "cosine": 0.3, "pair": "es-es"}])
-                rows = []
-                for eval_task in TASKS:
-                    for lam in (0.0, 0.25, 0.5, 0.75, 1.0):
-                        acc = 0.6 + 0.1 * lam  # linear between the end points: no barrier
-                        rows.append({"path": "es-grpo", "lam": lam, "step": lam, "eval_task": eval_task,
-                                     "greedy": acc, "mean@n": acc, "pass@1": acc})
-                        rows.append({"path": "dir-random", "lam": lam, "step": lam, "eval_task": eval_task,
-                                     "greedy": 0.3, "mean@n": 0.3, "pass@1": 0.3})
-                csv(model, "interpolation", task, f"s{s}", rows)
+            else:  # the in-place runs' updates lean towards GRPO's
+                csv(model, "cosine", task, name,
+                    [{"scope": "global", "key": "all", "cosine": ARITHMETIC_COSINE, "pair": "es-grpo"},
+                     {"scope": "layer", "key": "0", "cosine": 0.02, "pair": "es-grpo"}])
+            rows = []
+            for eval_task in TASKS:
+                for lam in (0.0, 0.25, 0.5, 0.75, 1.0):
+                    # linear between the end points: no barrier; from an in-place run, a dip of ARITHMETIC_BARRIER
+                    acc = 0.6 + 0.1 * lam - (ARITHMETIC_BARRIER * (0 < lam < 1) if arithmetic else 0.0)
+                    rows.append({"path": "es-grpo", "lam": lam, "step": lam, "eval_task": eval_task,
+                                 "greedy": acc, "mean@n": acc, "pass@1": acc})
+                    rows.append({"path": "dir-random", "lam": lam, "step": lam, "eval_task": eval_task,
+                                 "greedy": 0.3, "mean@n": 0.3, "pass@1": 0.3})
+            csv(model, "interpolation", task, name, rows)
     return analysis
 
 

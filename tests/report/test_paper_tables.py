@@ -25,7 +25,10 @@ from esgrpo.runs import planned_runs
 from tests.conftest import REPO, run_workflow
 from tests.report.synthetic import (
     ARITHMETIC_AGREEMENT,
+    ARITHMETIC_BARRIER,
+    ARITHMETIC_COSINE,
     ARITHMETIC_DRIFT,
+    ARITHMETIC_SPARSITY,
     CONFIG,
     TASKS,
     _outputs,
@@ -741,7 +744,7 @@ def test_es_arithmetic_table_puts_each_papers_arithmetic_beside_the_exact_one(tm
     out = build(tmp_path, "es_arithmetic", analysis)
     table = pd.read_csv(out["csv"])
     assert set(table["task"]) == {"countdown3"} and set(table["arithmetic"]) == set(ARITHMETIC_LABELS.values())
-    assert (table["n_seeds"] == 2).all() and len(table) == 8 * 3  # six metrics and two module types
+    assert (table["n_seeds"] == 2).all() and len(table) == 9 * 3  # seven metrics and two module types
     cell = table.set_index(["metric", "arithmetic"])["value"]
     for key, label in ARITHMETIC_LABELS.items():
         assert cell["step cosine with the intended step", label] == ARITHMETIC_AGREEMENT[key]["step_cosine"]
@@ -752,6 +755,9 @@ def test_es_arithmetic_table_puts_each_papers_arithmetic_beside_the_exact_one(tm
         assert cell["distance / theory (final)", label] == pytest.approx(drift * math.sqrt(1.02))
         assert cell["ES/GRPO drift ratio (relative L2)", label] == pytest.approx(drift / 0.05)
         assert cell["norm layers' share of the squared update", label] == pytest.approx(4 / 7)
+        # the cosine of ES's update with GRPO's: the main runs' pairs (+-0.01 over the two seeds) or the in-place run's
+        assert cell["cosine of the ES and GRPO updates", label] == pytest.approx(
+            0.0 if key == "exact" else ARITHMETIC_COSINE, abs=1e-12)
     # the exact runs' accuracy is the main ES runs' (greedy right on every own-task prompt); the papers' are others
     assert cell["test greedy accuracy", ARITHMETIC_LABELS["exact"]] == 1.0
     assert cell["test greedy accuracy", ARITHMETIC_LABELS["paper_a"]] < 1.0
@@ -766,6 +772,29 @@ def test_es_arithmetic_table_puts_each_papers_arithmetic_beside_the_exact_one(tm
         assert verdicts.loc[("b_drift_ratio", label), "estimate"] == pytest.approx(drift / 0.05)
         assert verdicts.loc[("b_drift_ratio", label), "verdict"] == "holds"
         assert verdicts.loc[("a_norm_theory", label), "estimate"] == pytest.approx(drift ** 2 * 1.02)
+    # orthogonality, barrier and sparsity judged from each arithmetic's own pair and sparsity analyses: the main
+    # runs' updates are orthogonal to GRPO's, with no barrier, and keep 80% of the gain in 10% of the coordinates;
+    # the synthetic in-place runs' are not (cosine 0.4, a dip of 0.2, 30% kept)
+    exact, paper_a = ARITHMETIC_LABELS["exact"], ARITHMETIC_LABELS["paper_a"]
+    assert verdicts.loc[("a_orthogonal", exact), "estimate"] == pytest.approx(0.01)
+    assert verdicts.loc[("a_orthogonal", paper_a), "estimate"] == pytest.approx(ARITHMETIC_COSINE)
+    assert verdicts.loc[("a_no_barrier", exact), "estimate"] == pytest.approx(0.0, abs=1e-12)
+    assert verdicts.loc[("a_no_barrier", paper_a), "estimate"] == pytest.approx(ARITHMETIC_BARRIER)
+    assert verdicts.loc[("b_sparsity", exact), "estimate"] == pytest.approx(0.8)
+    assert verdicts.loc[("b_sparsity", paper_a), "estimate"] == pytest.approx(ARITHMETIC_SPARSITY)
+    assert verdicts.loc[("a_orthogonal", exact), "verdict"] != verdicts.loc[("a_orthogonal", paper_a), "verdict"]
+    assert verdicts.loc[("a_no_barrier", exact), "verdict"] != verdicts.loc[("a_no_barrier", paper_a), "verdict"]
+    # the claims table and the interpolation figure read the main runs' pairs only
+    claims = pd.read_csv(build(tmp_path, "claims", analysis)["csv"]).set_index("id")
+    assert claims.loc["a_orthogonal", "estimate"] == pytest.approx(0.01)
+    assert claims.loc["b_sparsity", "estimate"] == pytest.approx(0.8)
+    # a_geometry: the in-place runs' pairs as rows of their own
+    geometry = pd.read_csv(build(tmp_path, "a_geometry", analysis)["csv"]).query("task == 'countdown3'")
+    cos = geometry[geometry["quantity"] == "cosine global"].set_index("pair")["value"]
+    assert cos["dES (paper A arithmetic) vs dGRPO"] == pytest.approx(ARITHMETIC_COSINE)
+    assert cos["dES vs dGRPO"] == pytest.approx(0.0, abs=1e-12)
+    barrier = geometry[geometry["quantity"] == "barrier height (greedy, on-task)"].set_index("pair")["value"]
+    assert barrier["ES (paper B arithmetic) -> GRPO path"] == pytest.approx(ARITHMETIC_BARRIER)
     assert "Claim b_drift_ratio" in Path(out["md"]).read_text() and "Survives exact arithmetic: yes" in Path(
         out["md"]).read_text()
 

@@ -3,9 +3,11 @@ writes under ``{results_dir}/analysis/{model}/``. The rules' targets (rules/targ
 (esgrpo.plan.grid) and the paper stages' inputs (esgrpo.report.planning) all read these records, so no one
 takes an output path apart to learn its job.
 
-Which runs each analysis covers: drift and KL the main ES and GRPO runs and the continual stages, theory every
-ES run, sparsity the main runs, cosine and interpolation one pair (the main ES and GRPO runs) per seed and
-training task (``run`` is then ``s{seed}``).
+Which runs each analysis covers: drift and KL the main ES and GRPO runs and the continual stages (drift also the
+runs of the papers' arithmetic), theory every ES run, sparsity the main runs and the runs of the papers'
+arithmetic, cosine and interpolation one pair (the main ES and GRPO runs) per seed and training task (``run`` is
+then ``s{seed}``), and one more per run of a paper's arithmetic, with that run as the ES end
+(``arith_paper_a-s{seed}``: esgrpo.runs.pair_name).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from esgrpo.analysis.settings import analysis_config, main_run_seeds
-from esgrpo.runs import main_es_name, main_grpo_name, planned_runs, run_spec
+from esgrpo.runs import main_es_name, main_grpo_name, pair_name, parse_run_name, planned_runs, run_spec
 
 
 @dataclass(frozen=True)
@@ -66,20 +68,26 @@ def analysis_jobs(config: dict, results: str) -> list[AnalysisJob]:
                                rule_wildcards(model=model, task=task, **(wildcards or {"run": run})))
 
         runs, main = planned_runs(config, model), main_runs(config, model)
+        names = {(t, r): parse_run_name(r) for t, r in runs}
+        arith = [(t, r) for t, r in runs if names[t, r].arithmetic is not None]  # the papers' arithmetic
         if "drift" in wanted:  # what the drift tables read: main runs, the continual stages, the papers' arithmetic
             jobs += [job("drift", t, r, ".csv") for t, r in runs
-                     if (t, r) in main or r.startswith("cl_") or "-arith_" in r]
+                     if (t, r) in main or r.startswith("cl_") or (t, r) in arith]
         if "theory" in wanted:
             jobs += [job("theory", t, r, ".csv", ".json") for t, r in runs
                      if run_spec(config, model, t, r).method == "es"]
         if "sparsity" in wanted:
-            jobs += [job("sparsity", t, r, ".csv") for t, r in main]
+            jobs += [job("sparsity", t, r, ".csv") for t, r in runs if (t, r) in main or (t, r) in arith]
         if "kl" in wanted:  # main runs and the continual stages (paper A's heatmap covers the sequence)
             jobs += [job("kl", t, r, ".csv") for t, r in runs if (t, r) in main or r.startswith("cl_")]
-        for task in config["models"][model]["tasks"]:
-            for seed in pair_seeds(config):
-                if "cosine" in wanted:
-                    jobs.append(job("cosine", task, f"s{seed}", ".csv", seed=str(seed)))
-                if "interpolation" in wanted:
-                    jobs.append(job("interpolation", task, f"s{seed}", ".csv", ".json", seed=str(seed)))
+        pairs = [(task, seed, None) for task in config["models"][model]["tasks"] for seed in pair_seeds(config)]
+        grpo = set(main_run_seeds(config, "grpo"))
+        pairs += [(t, names[t, r].seed, names[t, r].arithmetic) for t, r in arith
+                  if names[t, r].seed in grpo and (t, main_grpo_name(config, names[t, r].seed)) in main]
+        for task, seed, arithmetic in pairs:
+            name = pair_name(seed, arithmetic)
+            if "cosine" in wanted:
+                jobs.append(job("cosine", task, name, ".csv", pair=name))
+            if "interpolation" in wanted:
+                jobs.append(job("interpolation", task, name, ".csv", ".json", pair=name))
     return jobs

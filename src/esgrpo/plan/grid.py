@@ -193,7 +193,7 @@ def analysis_job(config: dict[str, Any], record: AnalysisJob, arch: Architecture
                  lengths: PromptTokens | None = None) -> JobSpec:
     """The plan's job of analysis job `record` (esgrpo.analysis.jobs)."""
     from esgrpo.analysis.settings import analysis_config, next_seed
-    from esgrpo.runs import run_spec
+    from esgrpo.runs import pair_arithmetic, pair_seed, run_spec
 
     model, kind, task, name = record.model, record.kind, record.task, record.run
     analysis = analysis_config(config)
@@ -208,9 +208,14 @@ def analysis_job(config: dict[str, Any], record: AnalysisJob, arch: Architecture
         # three otherwise (three for every run overplanned the rehearsal's main runs: docs/rehearsal.md, fix 11)
         if kind == "drift":
             copies = 2 if run_spec(config, model, task, name).init is None else 3
-        elif kind == "cosine":  # named by its seed: the deltas of its pairs' runs (rules/inputs.smk,
-            seed = int(name.removeprefix("s"))  # analysis_cosine_pairs): ES and GRPO, and the next seed's of each
-            copies = 2 + sum(next_seed(config, method, seed) is not None for method in ("es", "grpo"))
+        elif kind == "cosine":  # named by its pair: the deltas of its pairs' runs (rules/inputs.smk,
+            # analysis_cosine_pairs): ES and GRPO, and the next seed's of each; or, with the run of a paper's
+            # arithmetic as ES (no cross-seed pairs), ES, GRPO and the ES run's bf16 start
+            seed = pair_seed(name)
+            if pair_arithmetic(name) is None:
+                copies = 2 + sum(next_seed(config, method, seed) is not None for method in ("es", "grpo"))
+            else:
+                copies = 3
         else:  # theory: metrics files only
             copies = 0
         return replace(base, rule=rule, method="compare", device="cpu", copies=copies)

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from esgrpo.parameter_names import MODULE_TYPES
-from esgrpo.report.claim_estimates import drift_claims, theory_claim
+from esgrpo.report.claim_estimates import drift_claims, geometry_claims, sparsity_claim, theory_claim
 from esgrpo.report.claims import CLAIMS, claims_table
 from esgrpo.report.frames import drift_norms
 from esgrpo.report.loading import StageInputs, run_labels
@@ -30,7 +30,7 @@ ARITHMETIC_LABELS = {"exact": "exact (fp32 master)",
                         for name in ARITHMETIC_VARIANTS}}
 METRICS = ("test greedy accuracy", "distance / theory (final)", "step cosine with the intended step",
            "share of coordinates changed per update", "ES/GRPO drift ratio (relative L2)",
-           "norm layers' share of the squared update")
+           "norm layers' share of the squared update", "cosine of the ES and GRPO updates")
 MODULE_METRICS = {kind: f"share changed per update: {kind}" for kind in MODULE_TYPES}
 ORDER = (*METRICS[:4], *MODULE_METRICS.values(), *METRICS[4:])
 
@@ -90,17 +90,39 @@ def _drift_rows(drift: pd.DataFrame, cells: Cells) -> list[dict]:
     return rows
 
 
-# The geometry claims the arithmetic runs' analyses measure (norm theory, drift): each is judged with the
-# runs of one arithmetic in the main ES runs' place (`claim_verdicts`).
-ARITHMETIC_CLAIMS = ("a_norm_theory", "b_drift_ratio")
+def _cosine_rows(cosine: pd.DataFrame, cells: Cells) -> list[dict]:
+    """Paper A's orthogonality per arithmetic: the global cosine of ES's update (from its own start) with the
+    main GRPO run's of the same seed."""
+    if cosine.empty:
+        return []
+    glob = cosine[(cosine["scope"] == "global") & (cosine["pair"] == "es-grpo")]
+    rows = []
+    for (model, task, arithmetic), g in glob.groupby(["model", "task", "arithmetic"], sort=True):
+        seeds = set().union(*(s for (m, t, _n), s in cells.items() if (m, t) == (model, task)))
+        g = g[g["seed"].isin(seeds)]
+        if not g.empty:
+            rows.append(stat({"model": model, "task": task, "metric": METRICS[6],
+                              "arithmetic": ARITHMETIC_LABELS[arithmetic]}, ci_values(g["cosine"]),
+                             n_seeds=g["seed"].nunique()))
+    return rows
+
+
+# The geometry claims the arithmetic runs' analyses measure (norm theory, orthogonality, barrier, drift,
+# sparsity): each is judged with the runs of one arithmetic in the main ES runs' place (`claim_verdicts`).
+ARITHMETIC_CLAIMS = ("a_norm_theory", "a_orthogonal", "a_no_barrier", "b_drift_ratio", "b_sparsity")
+# The analyses those claims read, each seen as if that arithmetic's runs were the main ES runs (`_as_main`).
+ARITHMETIC_ANALYSES = ("drift", "theory", "sparsity", "cosine", "interpolation")
 
 
 def _as_main(frame: pd.DataFrame, arithmetic: str, task: str, seeds: set[int]) -> pd.DataFrame:
     """An analysis frame with the runs of `arithmetic` (on `task`, seeds `seeds`) as the main ES runs and
-    the main GRPO runs of those seeds; every other run dropped."""
+    the main GRPO runs of those seeds; every other run dropped. A pair analysis (cosine, interpolation): the
+    pairs whose ES end is that arithmetic's run, as the main runs' pairs."""
     if frame.empty:
         return frame
     own = frame[(frame["task"] == task) & frame["seed"].isin(seeds)]
+    if "run_kind" not in own:  # a pair analysis (esgrpo.report.loading.load_analysis)
+        return own[own["arithmetic"] == arithmetic].assign(arithmetic="exact")
     es = own[own["run_kind"].isin(["es", "es_arith"]) & (own["run"].map(arithmetic_of) == arithmetic)]
     return pd.concat([es.assign(run_kind="es", method="ES"), own[own["run_kind"] == "grpo"]], ignore_index=True)
 
@@ -116,9 +138,9 @@ def claim_verdicts(data: StageInputs) -> pd.DataFrame:
     rows = []
     for arithmetic, label in ARITHMETIC_LABELS.items():
         view = StageInputs({}, data.setup, {})
-        for analysis in ("drift", "theory"):  # StageInputs' cache, filled with the arithmetic's view
+        for analysis in ARITHMETIC_ANALYSES:  # StageInputs' cache, filled with the arithmetic's view
             view.__dict__[analysis] = _as_main(data.analysis(analysis), arithmetic, task, seeds)
-        estimates = {**drift_claims(view), **theory_claim(view)}
+        estimates = {**drift_claims(view), **theory_claim(view), **geometry_claims(view), **sparsity_claim(view)}
         rows += [{"claim": claims[cid], "arithmetic": label, **estimates[cid]} for cid in ARITHMETIC_CLAIMS]
     table = claims_table(rows)
     table.loc[table["status"] != "measured", "verdict"] = table["status"]
@@ -170,6 +192,7 @@ def build_es_arithmetic(data: StageInputs) -> pd.DataFrame:
     if "changed_share_by_module" in metrics:
         rows += _module_rows(metrics, keys)
     rows += _drift_rows(data.analysis("drift"), cells)
+    rows += _cosine_rows(data.analysis("cosine"), cells)
     long = pd.DataFrame(rows)
     long["metric"] = pd.Categorical(long["metric"], categories=ORDER, ordered=True)
     long = order_rows(long.sort_values(["model", "task", "metric", "arithmetic"]), ["model", "task", "metric"])

@@ -19,6 +19,7 @@ from esgrpo.report.frames import (
     barrier_heights,
     drift_norms,
     entropy_change,
+    exact_pairs,
     js_gain_frame,
     lowrank_contrasts,
     sparsity_frame,
@@ -194,14 +195,14 @@ def theory_claim(data: StageInputs) -> dict[str, dict]:
 def geometry_claims(data: StageInputs) -> dict[str, dict]:
     """Barrier, orthogonality and off-task KL of the ES and GRPO updates."""
     out = {}
-    interp = data.analysis("interpolation")
+    interp = exact_pairs(data.analysis("interpolation"))
     if not interp.empty and "path" in interp and (interp["path"] == "es-grpo").any():
         barriers = barrier_heights(interp)
         on_task = barriers[(barriers["metric"] == "greedy") & barriers["on_task"].astype(bool)]["barrier"]
         out["a_no_barrier"] = measured(ci_values(on_task), n=len(on_task))
     else:
         out["a_no_barrier"] = not_run("no ES-GRPO interpolation analyses (needs GRPO)")
-    cosine = data.analysis("cosine")
+    cosine = exact_pairs(data.analysis("cosine"))
     if not cosine.empty and ((cosine["scope"] == "global") & (cosine["pair"] == "es-grpo")).any():
         glob = cosine[(cosine["scope"] == "global") & (cosine["pair"] == "es-grpo")]
         out["a_orthogonal"] = measured(ci_values(glob["cosine"].abs()), n=len(glob))

@@ -17,7 +17,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from esgrpo.report.frames import drift_norms, entropy_labels, js_gain_frame, kl_sequence_label, theory_ratios
+from esgrpo.report.frames import (
+    drift_norms,
+    entropy_labels,
+    exact_pairs,
+    js_gain_frame,
+    kl_sequence_label,
+    theory_ratios,
+)
 from esgrpo.report.loading import StageInputs, cached_pass_at_k, run_labels, variant_of
 from esgrpo.report.paper_a import build_a_sequential
 from esgrpo.report.planning import METHOD_ORDER, ZSCORE_ONE_SIDED, stage_one_aliases
@@ -405,7 +412,7 @@ INTERPOLATION_PANELS = {
 def figure_interpolation(data: StageInputs, output: dict) -> None:
     """Greedy accuracy along each path: one row per trained task, one column per path, one colour per
     evaluation task (the row's own task drawn thick), seeds averaged; one legend below the grid."""
-    interp = data.analysis("interpolation")
+    interp = exact_pairs(data.analysis("interpolation"))  # the main runs' (the papers' arithmetic: es_arithmetic)
     if interp.empty:
         return placeholder(output, "Interpolation", "no interpolation analyses (needs ES and GRPO)")
     sns = seaborn()

@@ -236,19 +236,32 @@ def js_gain_frame(data: StageInputs) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=cols)
 
 
+def exact_pairs(pairs: pd.DataFrame) -> pd.DataFrame:
+    """The rows of a pair analysis (cosine, interpolation) whose ES end is a main ES run, not the run of a
+    paper's arithmetic (column ``arithmetic``: esgrpo.report.loading.load_analysis)."""
+    if pairs.empty or "arithmetic" not in pairs:
+        return pairs
+    return pairs[pairs["arithmetic"] == "exact"]
+
+
 def barrier_heights(interp: pd.DataFrame) -> pd.DataFrame:
     """Barrier heights along the ES-GRPO path (esgrpo.estimators.barrier_height) per (model, task, seed,
-    eval_task) and metric (greedy accuracy, mean@n), with ``on_task`` = evaluated on the training task."""
-    cols = ["model", "task", "seed", "on_task", "metric", "barrier"]
+    arithmetic of the ES end, eval_task) and metric (greedy accuracy, mean@n), with ``on_task`` = evaluated on
+    the training task."""
+    cols = ["model", "task", "seed", "arithmetic", "on_task", "metric", "barrier"]
     if interp.empty or "path" not in interp:
         return pd.DataFrame(columns=cols)
+    if "arithmetic" not in interp:
+        interp = interp.assign(arithmetic="exact")
     rows = []
     path = interp[interp["path"] == "es-grpo"]
-    for (model, task, seed, eval_task), g in path.groupby(["model", "task", "seed", "eval_task"]):
+    for (model, task, seed, arithmetic, eval_task), g in path.groupby(["model", "task", "seed", "arithmetic",
+                                                                        "eval_task"]):
         for metric in ACCURACY_METRICS:
             if metric in g and g[metric].notna().all():
-                rows.append({"model": model, "task": task, "seed": seed, "on_task": eval_task == task,
-                             "metric": metric, "barrier": barrier_height(g["lam"], g[metric])})
+                rows.append({"model": model, "task": task, "seed": seed, "arithmetic": arithmetic,
+                             "on_task": eval_task == task, "metric": metric,
+                             "barrier": barrier_height(g["lam"], g[metric])})
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -25,7 +25,7 @@ from esgrpo.report.planning import (
     stage_one_aliases,
 )
 from esgrpo.report.registry import STAGES, stage_function
-from esgrpo.runs import pair_seed, parse_run_name
+from esgrpo.runs import pair_arithmetic, pair_seed, parse_run_name
 
 
 @functools.lru_cache(maxsize=65536)
@@ -139,8 +139,9 @@ def load_metrics(paths: Iterable[str], jobs: Iterable[dict], setup: dict) -> pd.
 
 
 def load_analysis(paths: Iterable[str], jobs: Iterable[dict], analysis: str, setup: dict) -> pd.DataFrame:
-    """The CSVs of `analysis` with model, task and run (or the seed of an ES-GRPO pair) of each file's job
-    (`jobs`, in the order of `paths`)."""
+    """The CSVs of `analysis` with model, task and run (or, of an ES-GRPO pair, its seed and the arithmetic of
+    its ES end: ``exact`` or a key of esgrpo.runs.ARITHMETIC_VARIANTS) of each file's job (`jobs`, in the order
+    of `paths`)."""
     frames = []
     for path, job in zip(paths, jobs, strict=True):
         frame = pd.read_csv(path)
@@ -148,8 +149,8 @@ def load_analysis(paths: Iterable[str], jobs: Iterable[dict], analysis: str, set
             continue
         frame = frame.assign(model=job["model"], task=job["task"])
         seed = pair_seed(job["run"])
-        if seed is not None:
-            frame = frame.assign(seed=seed, run=job["run"])
+        if seed is not None:  # a pair analysis: its ES end is the main run (exact) or a paper's arithmetic's
+            frame = frame.assign(seed=seed, run=job["run"], arithmetic=pair_arithmetic(job["run"]) or "exact")
         else:
             frame = frame.assign(run=job["run"])
             if analysis in ALIASED_ANALYSES:

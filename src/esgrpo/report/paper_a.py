@@ -18,7 +18,13 @@ from esgrpo.report.frames import (
 )
 from esgrpo.report.loading import StageInputs, run_labels
 from esgrpo.report.paper_values import PaperValue, paper_notes, paper_value, with_paper_rows
-from esgrpo.report.planning import METHOD_ORDER, RATIO_ORDER, snapshot_method
+from esgrpo.report.planning import (
+    METHOD_ORDER,
+    RATIO_ORDER,
+    arithmetic_method,
+    arithmetic_paper,
+    snapshot_method,
+)
 from esgrpo.report.registry import table_caption
 from esgrpo.report.stats import budget_rows, ci_prompts, ci_values, main_variants, paired_ci, ratio_ci, stat
 from esgrpo.report.writing import absent_notes, order_rows, write_long_table
@@ -194,28 +200,40 @@ PAIRS = {"es-grpo": "dES vs dGRPO", "es-es": "dES vs dES (2 seeds)", "grpo-grpo"
 PAIRWISE = "pairwise"  # the value column of a quantity of two runs (cosine, barrier), beside ES and GRPO
 
 
+def _pair_label(pair: str, arithmetic: str) -> str:
+    """A pair as a reader says it; an ES end of a paper's arithmetic named as such."""
+    label = PAIRS.get(pair, pair)
+    return label if arithmetic == "exact" else label.replace("dES", f"dES ({arithmetic_paper(arithmetic)} arithmetic)")
+
+
 def _cosine_rows(cosine: pd.DataFrame) -> list[dict]:
+    """Global cosine (and |cosine|) per pair, and the mean |cosine| per layer and module type; the pairs whose
+    ES end is a run of a paper's arithmetic as rows of their own."""
     rows = []
+    if "arithmetic" not in cosine:
+        cosine = cosine.assign(arithmetic="exact")
     glob = cosine[cosine["scope"] == "global"]
-    for (model, task, pair), g in glob.groupby(["model", "task", "pair"], sort=True):
-        keys = {"model": model, "task": task, "pair": PAIRS.get(pair, pair), "method": PAIRWISE}
+    for (model, task, pair, arithmetic), g in glob.groupby(["model", "task", "pair", "arithmetic"], sort=True):
+        keys = {"model": model, "task": task, "pair": _pair_label(pair, arithmetic), "method": PAIRWISE}
         rows.append(stat({**keys, "quantity": "cosine global"}, ci_values(g["cosine"]), n=len(g)))
         rows.append(stat({**keys, "quantity": "|cosine| global"}, ci_values(g["cosine"].abs()), n=len(g)))
-    for (model, task, scope, pair), g in cosine[cosine["scope"] != "global"].groupby(
-            ["model", "task", "scope", "pair"], sort=True):
-        rows.append(stat({"model": model, "task": task, "pair": PAIRS.get(pair, pair), "method": PAIRWISE,
+    for (model, task, scope, pair, arithmetic), g in cosine[cosine["scope"] != "global"].groupby(
+            ["model", "task", "scope", "pair", "arithmetic"], sort=True):
+        rows.append(stat({"model": model, "task": task, "pair": _pair_label(pair, arithmetic), "method": PAIRWISE,
                           "quantity": f"mean |cosine| per {scope}"}, ci_values(g["cosine"].abs()), n=len(g)))
     return rows
 
 
 def _barrier_rows(interp: pd.DataFrame) -> list[dict]:
-    """Barrier heights ES-GRPO per (model, task, metric): on-task and off-task means over seeds."""
+    """Barrier heights ES-GRPO per (model, task, metric): on-task and off-task means over seeds; a path from
+    the run of a paper's arithmetic as a row of its own."""
     per = barrier_heights(interp)
     rows = []
-    for (model, task, metric, on), g in per.groupby(["model", "task", "metric", "on_task"]):
+    for (model, task, metric, on, arithmetic), g in per.groupby(["model", "task", "metric", "on_task", "arithmetic"]):
         where = "on-task" if on else "off-task mean"
+        es = "ES" if arithmetic == "exact" else arithmetic_method(arithmetic)
         rows.append(stat({"model": model, "task": task, "quantity": f"barrier height ({metric}, {where})",
-                          "pair": "ES -> GRPO path", "method": PAIRWISE}, ci_values(g["barrier"]), n=len(g)))
+                          "pair": f"{es} -> GRPO path", "method": PAIRWISE}, ci_values(g["barrier"]), n=len(g)))
     return rows
 
 

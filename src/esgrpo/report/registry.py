@@ -226,7 +226,8 @@ _CLAIMS = [
 _CLAIMS.append(
     PaperStage("es_arithmetic", "Claims", "table", "esgrpo.report.arithmetic:table_es_arithmetic",
                {"prompts": {"es", "es_arith"}, "metrics": {"es", "es_arith"}, "theory": {"es", "es_arith"},
-                "drift": {"es", "es_arith", "grpo"}, "where": "ablation"},
+                "drift": {"es", "es_arith", "grpo"}, "sparsity": {"es", "es_arith", "grpo"}, "cosine": "all",
+                "interpolation": "all", "where": "ablation"},
                ("ES arithmetic on {ablation_task}: the exact one (fp32 master, exact restore) beside each "
                 "paper's (bf16 in place, no master; es.ablations.arithmetic), at the same population and "
                 "seeds. Test greedy accuracy (95% CI over seeds and prompts); ||theta_T - theta_0|| over "
@@ -236,8 +237,10 @@ _CLAIMS.append(
                 "does not measure them). Drift (the drift analysis, from the base model): ES/GRPO ratio of "
                 "relative L2 per shared seed against the main GRPO runs (paper B: 44.1x), and the norm "
                 "layers' share of ES's squared update; on an fp32 model the papers' runs start from its bf16 "
-                "copy, so their drift includes that rounding. The notes judge the norm-theory and drift "
-                "claims with each arithmetic's runs in the main ES runs' place (the claims table's "
+                "copy, so their drift includes that rounding. The cosine of ES's update with the main GRPO "
+                "run's of the same seed (an in-place run's update from its bf16 start). The notes judge "
+                "the norm-theory, orthogonality, barrier, drift and sparsity claims with each arithmetic's "
+                "runs in the main ES runs' place (the claims table's "
                 "estimators, on these seeds and this task) and say whether each survives the exact "
                 "arithmetic.")))
 

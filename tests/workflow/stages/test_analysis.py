@@ -21,6 +21,7 @@ from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
 from esgrpo.files import read_json, write_json, write_jsonl
 from esgrpo.models.default import TinyLlamaSpec, build_tiny_llama, train_tokenizer
 from esgrpo.models.loading import load_model, save_model
+from esgrpo.runs import IN_PLACE_DTYPE
 from esgrpo.tasks.rewards import VERIFIERS
 from esgrpo.workflow.stages import analysis as A
 from esgrpo.workflow.stages.theory import THEORY_COLUMNS, theory_stage
@@ -143,7 +144,7 @@ def test_cosine_stage(ckpts, tmp_path):
     out = tmp_path / "cos.csv"
     pairs = [{"pair": "es-grpo", "a": ckpts["es"], "b": ckpts["grpo"], "seed_b": 0},
              {"pair": "es-es", "a": ckpts["es"], "b": ckpts["es"], "seed_b": 1}]
-    A.cosine_stage({}, {"csv": str(out)}, {"base_model": ckpts["base"], "pairs": pairs}, {**WC, "seed": "0"}, 1)
+    A.cosine_stage({}, {"csv": str(out)}, {"base_model": ckpts["base"], "pairs": pairs}, {**WC, "pair": "s0"}, 1)
     df = pd.read_csv(out)
     assert list(df.columns) == A.COSINE_COLUMNS
     base, es, grpo = _params(ckpts["base"]), _params(ckpts["es"]), _params(ckpts["grpo"])
@@ -155,6 +156,55 @@ def test_cosine_stage(ckpts, tmp_path):
     assert same["cosine"].astype(float).tolist() == pytest.approx([1.0] * len(same))
     assert {"layer", "module_type", "global"} == set(df["scope"])
     assert set(df.loc[df["scope"] == "layer", "key"]) == {"0", "1", "none"}
+
+
+def test_run_start_of_an_in_place_run_is_the_training_jobs_bf16_copy(ckpts):
+    """A run of a paper's arithmetic loads the base in bf16 (training stage); its start here is those values."""
+    base = _params(ckpts["base"])
+    loaded, _ = load_model(ckpts["base"], dtype=IN_PLACE_DTYPE)
+    start = A.run_start(base, IN_PLACE_DTYPE)
+    assert all(start[name].dtype == torch.float32 and torch.equal(start[name], p.detach().float())
+               for name, p in loaded.named_parameters())
+    assert any(not torch.equal(start[k], base[k]) for k in base)  # the rounding is there to leave out
+    assert all(torch.equal(A.run_start(base)[k], base[k]) for k in base)
+
+
+def test_in_place_runs_updates_are_measured_from_their_bf16_start(ckpts, tmp_path):
+    """cosine (a_start_dtype), interpolation (es_start_dtype) and sparsity (start_dtype) of a run of a paper's
+    arithmetic: its update is theta - bf16(base), not theta - base."""
+    base, es, grpo = _params(ckpts["base"]), _params(ckpts["es"]), _params(ckpts["grpo"])
+    start = {k: v.to(torch.bfloat16).float() for k, v in base.items()}
+    d_in_place = torch.cat([(es[k].double() - start[k].double()).ravel() for k in base])
+    d_exact = torch.cat([(es[k].double() - base[k].double()).ravel() for k in base])
+    d_grpo = torch.cat([(grpo[k].double() - base[k].double()).ravel() for k in base])
+    out = tmp_path / "cos.csv"
+    pairs = [{"pair": "es-grpo", "a": ckpts["es"], "b": ckpts["grpo"], "seed_b": 0, "a_start_dtype": IN_PLACE_DTYPE}]
+    A.cosine_stage({}, {"csv": str(out)}, {"base_model": ckpts["base"], "pairs": pairs},
+                   {**WC, "pair": "arith_paper_a-s0"}, 1)
+    glob = pd.read_csv(out).query("scope == 'global'")
+    expected = float(d_in_place @ d_grpo / (d_in_place.norm() * d_grpo.norm()))
+    assert glob["cosine"].item() == pytest.approx(expected, rel=1e-9) and glob["seed"].item() == 0
+    assert expected != pytest.approx(float(d_exact @ d_grpo / (d_exact.norm() * d_grpo.norm())), rel=1e-6)
+
+    test, info = ckpts["data"]["sum_yesno"]
+    sp = tmp_path / "sp.csv"
+    # the grpo checkpoint moved a few tensors from the base: from its bf16 copy, nearly every coordinate moved
+    params = {"base_model": ckpts["base"], "model": ckpts["grpo"], "method": "es", "fractions": [1.0, 0.0],
+              "eval": EVAL, "eval_tasks": ["sum_yesno"], "start_dtype": IN_PLACE_DTYPE}
+    A.sparsity_stage({"test": [test], "info": [info]}, {"csv": str(sp)}, params, WC, 1)
+    full = pd.read_csv(sp).query("kind == 'top_fraction' and keep_fraction == 1.0")
+    from_start = sum(int((grpo[k] != start[k]).sum()) for k in base)
+    assert full["n_changed"].item() == from_start > sum(int((grpo[k] != base[k]).sum()) for k in base)
+
+    out = {"csv": str(tmp_path / "i.csv"), "json": str(tmp_path / "i.json")}
+    params = {"base_model": ckpts["base"], "es_model": ckpts["es"], "grpo_model": ckpts["grpo"],
+              "es_start_dtype": IN_PLACE_DTYPE, "eval_tasks": ["sum_yesno"], "eval": EVAL, "steps": 2,
+              "multiples": [], "random_seed": 0}
+    A.interpolation_stage({"test": [test], "info": [info]}, out, params,
+                          {"model": "tiny", "task": "sum_yesno", "pair": "arith_paper_a-s0"}, 1)
+    summary = read_json(out["json"])
+    assert summary["norm_es"] == pytest.approx(float(d_in_place.norm()), rel=1e-9) and summary["seed"] == 0
+    assert summary["cosine"] == pytest.approx(expected, rel=1e-9)
 
 
 # --------------------------------------------------------------------------- sparsity
@@ -261,7 +311,7 @@ def test_interpolation_stage(ckpts, tmp_path):
     params = {"base_model": ckpts["base"], "es_model": ckpts["es"], "grpo_model": ckpts["grpo"],
               "eval_tasks": list(TASKS), "eval": EVAL, "steps": 3, "multiples": [0.0, 1.0], "random_seed": 0}
     inputs = {"test": [ckpts["data"][t][0] for t in TASKS], "info": [ckpts["data"][t][1] for t in TASKS]}
-    A.interpolation_stage(inputs, out, params, {"model": "tiny", "task": "sum_yesno", "seed": "0"}, 1)
+    A.interpolation_stage(inputs, out, params, {"model": "tiny", "task": "sum_yesno", "pair": "s0"}, 1)
     df = pd.read_csv(out["csv"])
     assert list(df.columns) == A.INTERPOLATION_COLUMNS
     assert len(df) == (3 * 3 + 3 * 2) * len(TASKS)

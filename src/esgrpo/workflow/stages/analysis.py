@@ -8,11 +8,11 @@ summary needs one) under ``{results_dir}/analysis/{model}/``; the pure maths liv
 |------------------------|------------------------------------------------|--------------------------------------|
 | ``drift_stage``        | ``drift/{task}/{run}.csv``                     | parameter tensor                     |
 | ``theory_stage`` (*)   | ``theory/{task}/{run}.csv`` + ``.json``        | logged ES iteration                  |
-| ``cosine_stage``       | ``cosine/{task}/s{seed}.csv``                  | (pair, scope, key)                   |
+| ``cosine_stage``       | ``cosine/{task}/{pair}.csv``                   | (pair, scope, key)                   |
 | ``sparsity_stage``     | ``sparsity/{task}/{run}.csv``                  | sparsified model                     |
 | ``base_samples_stage`` | ``base_samples/{evaltask}.jsonl``              | prompt (its fixed base continuations)|
 | ``kl_stage``           | ``kl/{task}/{run}.csv``                        | eval task                            |
-| ``interpolation_stage``| ``interpolation/{task}/s{seed}.csv``+json      | (path, point, eval task)             |
+| ``interpolation_stage``| ``interpolation/{task}/{pair}.csv``+json       | (path, point, eval task)             |
 
 (*) in ``esgrpo.workflow.stages.theory``: it reads only metrics, so its jobs skip the torch import.
 Which analyses run, and their settings (the ``analysis:`` block): ``esgrpo.analysis.settings``.
@@ -22,6 +22,11 @@ Conventions
   continual stages) whose training started elsewhere: drift answers "how far is this model
   from the pretrained one". The drift table adds ``init_l2``, the distance from the run's
   own start checkpoint (equal to ``l2`` for runs started from the base).
+- The exception: a run of a paper's arithmetic trains the base's bf16 copy in place, and its
+  sparsity, cosine and interpolation deltas are from that copy (``run_start``), so that the
+  rounding of the fp32 base to bf16 does not count as update. Its drift is from the base.
+- ``{pair}``: ``s{seed}`` (the seed's main ES and GRPO runs) or ``arith_paper_a-s{seed}`` (that
+  seed's run of a paper's arithmetic and main GRPO run): esgrpo.runs.pair_name.
 - Parameters are ``model.named_parameters()``: tied weights (lm_head = embed_tokens) appear
   once, under the embedding's name (see ``esgrpo.analysis.drift``). Non-parameter buffers
   (rotary frequencies) are not compared.
@@ -87,6 +92,7 @@ from esgrpo.evaluation.evaluate import EvalSettings, evaluate_rows
 from esgrpo.files import atomic_write_text, read_json, read_jsonl, write_json, write_jsonl
 from esgrpo.live import Eta
 from esgrpo.models.loading import load_model
+from esgrpo.runs import pair_seed
 from esgrpo.workflow.stages.data import load_rows
 
 DRIFT_COLUMNS = ["model", "task", "run", "method", "name", "module_type", "layer", "numel", "l2", "base_l2",
@@ -112,6 +118,15 @@ def load_params(ref: str, dtype: str = "float32") -> dict[str, torch.Tensor]:
     """Every parameter of the checkpoint at `ref` (tied weights once), on CPU."""
     model, _ = load_model(ref, dtype=dtype, device="cpu")
     return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def run_start(theta0: Mapping[str, torch.Tensor], dtype: str = "float32") -> dict[str, torch.Tensor]:
+    """A run's start, from the base's parameters: the base itself, or, for a run of a paper's arithmetic (in
+    place in `dtype`: esgrpo.runs.IN_PLACE_DTYPE), the base rounded to `dtype` as the training job rounded it
+    on loading. Its update is measured from there: from the fp32 base, the rounding would count as update."""
+    if dtype == "float32":
+        return dict(theta0)
+    return {name: t.to(getattr(torch, dtype)).to(t.dtype) for name, t in theta0.items()}
 
 
 def _delta_dtype(theta: Mapping[str, torch.Tensor]) -> torch.dtype:
@@ -212,16 +227,17 @@ def cosine_stage(input: dict, output: dict, params: dict, wildcards: dict, threa
     dtype = _delta_dtype(theta0)
     deltas: dict[str, dict] = {}
 
-    def delta_of(ref: str) -> dict:
+    def delta_of(ref: str, start_dtype: str = "float32") -> dict:
         if ref not in deltas:
-            deltas[ref] = delta(load_params(ref), theta0, dtype=dtype)
+            deltas[ref] = delta(load_params(ref), run_start(theta0, start_dtype), dtype=dtype)
         return deltas[ref]
 
     rows = []
     for spec in params["pairs"]:
-        for r in cosine_rows(delta_of(spec["a"]), delta_of(spec["b"]), spec["pair"]):
+        a = delta_of(spec["a"], spec.get("a_start_dtype", "float32"))
+        for r in cosine_rows(a, delta_of(spec["b"]), spec["pair"]):
             rows.append({**r, "model": wildcards["model"], "task": wildcards["task"],
-                         "seed": int(wildcards["seed"]), "seed_b": int(spec["seed_b"])})
+                         "seed": pair_seed(wildcards["pair"]), "seed_b": int(spec["seed_b"])})
     df = pd.DataFrame(rows, columns=COSINE_COLUMNS)
     _write_csv(output["csv"], df)
     glob = df[df["scope"] == "global"]
@@ -235,10 +251,10 @@ def cosine_stage(input: dict, output: dict, params: dict, wildcards: dict, threa
 def sparsity_stage(input: dict, output: dict, params: dict, wildcards: dict, threads: int) -> None:
     """Eval of the run with only its largest-|delta| coordinates kept, or one module type's update removed,
     on the tasks that measure its training (`params["eval_tasks"]`: the training task, or e.g. MATH-500
-    for DeepScaleR)."""
+    for DeepScaleR). The delta is from the run's start (`run_start`): keep fraction 0 is that start."""
     started = time.time()
     evaluator = PointEvaluator(params["base_model"], params["eval"])
-    theta0 = load_params(params["base_model"])
+    theta0 = run_start(load_params(params["base_model"]), params.get("start_dtype", "float32"))
     theta = load_params(params["model"])
     tasks = _tasks_data(params["eval_tasks"], input["test"], input["info"], evaluator.limit)
     rows = []
@@ -302,7 +318,9 @@ def interpolation_stage(input: dict, output: dict, params: dict, wildcards: dict
     evaluator = PointEvaluator(params["base_model"], params["eval"])
     theta0 = load_params(params["base_model"])
     dtype = _delta_dtype(theta0)
-    d_es = delta(load_params(params["es_model"]), theta0, dtype=dtype)
+    # ES's update from its own start (a paper's arithmetic: the base's bf16 copy), applied to the base
+    d_es = delta(load_params(params["es_model"]), run_start(theta0, params.get("es_start_dtype", "float32")),
+                 dtype=dtype)
     d_grpo = delta(load_params(params["grpo_model"]), theta0, dtype=dtype)
     tasks = _tasks_data(params["eval_tasks"], input["test"], input["info"], evaluator.limit)
     rows = []
@@ -316,7 +334,7 @@ def interpolation_stage(input: dict, output: dict, params: dict, wildcards: dict
         metrics = evaluator.metrics(key, None if key in evaluator.cache else states.state(point), tasks)
         for task, m in metrics.items():
             rows.append({"path": point.path, "lam": point.lam, "step": point.step, "eval_task": task, **m,
-                         "model": wildcards["model"], "task": wildcards["task"], "seed": int(wildcards["seed"])})
+                         "model": wildcards["model"], "task": wildcards["task"], "seed": pair_seed(wildcards["pair"])})
         _log(f"{point.path} lam {point.lam:.3f} step {point.step:.4g}: " + ", ".join(
             f"{t} {m['greedy']:.3f}/{m['mean@n']:.3f}" for t, m in metrics.items())
              + f" [point {i}/{len(points)}, {eta(i)}]")
@@ -331,7 +349,7 @@ def interpolation_stage(input: dict, output: dict, params: dict, wildcards: dict
                              "start": float(g[metric].iloc[0]), "end": float(g[metric].iloc[-1]),
                              "min": float(g[metric].min())})
     write_json(output["json"], {"model": wildcards["model"], "task": wildcards["task"],
-                                "seed": int(wildcards["seed"]), "norm_es": l2(d_es), "norm_grpo": l2(d_grpo),
+                                "seed": pair_seed(wildcards["pair"]), "norm_es": l2(d_es), "norm_grpo": l2(d_grpo),
                                 "cosine": cosine(d_es, d_grpo), "barriers": barriers})
     _log(f"interpolation: {len(evaluator.cache)} distinct points, {evaluator.evaluations} evaluations "
          f"in {time.time() - started:.1f}s")

@@ -14,6 +14,7 @@ from esgrpo.models.loading import load_model
 from esgrpo.progress import WriterLock
 from esgrpo.provenance import provenance
 from esgrpo.run_record import RunSummary
+from esgrpo.runs import IN_PLACE_DTYPE
 from esgrpo.tasks.rewards import reward
 from esgrpo.workflow.progress_store import ProgressStore
 from esgrpo.workflow.stages.data import load_rows
@@ -55,7 +56,7 @@ def train_run(input: dict, output: dict, params: dict, wildcards: dict, threads:
 
                     dtype = params.get("dtype", "float32")
                     if in_place and dtype == "float32":  # what the papers' arithmetic rounds to: a bf16 copy
-                        dtype = "bfloat16"
+                        dtype = IN_PLACE_DTYPE
                     model, tokenizer = load_model(params["init_model"], dtype=dtype)
                     # Below fp32 the loaded weights are rounded: theta0 comes from the checkpoint's own tensors.
                     backend = HFESBackend(model, tokenizer, make_population_evaluator(model, tokenizer, reward_fn),
