@@ -183,6 +183,44 @@ def test_worker_arithmetic_gives_the_direct_computations_fused_weights_bit_for_b
         assert worker.es_distance_from_init() == pytest.approx(distance, rel=1e-12)
 
 
+@pytest.mark.parametrize("arithmetic", ["exact", "inplace_summed", "inplace_sequential"])
+def test_worker_measures_the_step_agreement_of_its_update(arithmetic):
+    """es_step_agreement: the cosine of the step the weights took over an iteration (the in-place restores'
+    drift included) with the fp32 sum of coefficients times noise, and the share of coordinates that moved,
+    against a direct computation on the worker's tensors; the exact arithmetic takes the intended step."""
+    model = tiny_llama()
+    worker = FakeWorker({n: v.to(torch.bfloat16) for n, v in fused_of(model).items()}, model.config)
+    worker.es_init(master="weights")
+    worker.es_arithmetic("paper_b", arithmetic)
+    assert worker.es_step_agreement() is None
+    params = dict(worker.model_runner.model.named_parameters())
+    seeds_signs = member_seeds(5, 0, 4, antithetic=False)
+    weights = normalize_fitness(np.array([0.1, 0.9, 0.4, 0.6]))
+    sigma, alpha = 1e-3, 5e-4
+    start = {n: (worker._es_theta[n] if arithmetic == "exact" else params[n]).detach().float().clone()
+             for n in worker._es_names}
+    for seed, sign in seeds_signs:
+        worker.es_perturb(seed, sigma, sign)
+        worker.es_restore()
+    worker.es_apply_update([list(p) for p in seeds_signs], weights, alpha)
+    after = {n: (worker._es_theta[n] if arithmetic == "exact" else params[n]).detach().float() for n in start}
+    scale = alpha / len(seeds_signs)
+    intended = {n: sum(worker._es_draw(s, n, start[n].shape, start[n].device).float().double() * scale * w * g
+                       for (s, g), w in zip(seeds_signs, weights, strict=True)) for n in start}
+    applied = torch.cat([(after[n].double() - start[n].double()).ravel() for n in start])
+    meant = torch.cat([intended[n].ravel() for n in start])
+    got = worker.es_step_agreement()
+    assert got["step_cosine"] == pytest.approx(float(applied @ meant / (applied.norm() * meant.norm())), rel=1e-6)
+    assert got["changed_share"] == float((applied != 0).double().mean())
+    assert set(got["changed_share_by_module"]) == {"attention", "embedding", "lm_head", "mlp", "norm"}
+    if arithmetic == "exact":
+        assert got["step_cosine"] == pytest.approx(1.0, abs=1e-6) and got["changed_share"] > 0.999
+    else:  # bf16 in place: steps below half a weight's spacing round away, the norm weights (1.0) hardly move
+        assert got["step_cosine"] < 0.99 and got["changed_share"] < 0.9
+        assert got["changed_share_by_module"]["norm"] < got["changed_share_by_module"]["mlp"]
+    assert worker._es_iteration_start is None  # released with the update
+
+
 def test_worker_in_place_refuses_a_second_perturbation_and_the_backend_more_than_one_engine(tmp_path):
     model = tiny_llama()
     worker = FakeWorker({n: v.to(torch.bfloat16) for n, v in fused_of(model).items()}, model.config)
@@ -977,6 +1015,12 @@ def test_real_worker_runs_paper_bs_arithmetic_in_place_on_vllms_own_tensors(real
         for seed, z in zip(seeds, weights, strict=True):
             total.add_(draw(seed, name, w.shape), alpha=0.02 / 2 * z)
         assert torch.equal(updated[name], w + total.to(w.dtype)), name
+    # the step agreement counts the iteration from before its member's perturbation: the update and the restore's
+    # drift (fp32 here: cast and restore exact, so the weights took the step meant)
+    (agreement,) = llm.collective_rpc("es_step_agreement")
+    applied = torch.cat([(updated[n].double() - start[n].double()).ravel() for n in start])
+    assert agreement["changed_share"] == pytest.approx(float((applied != 0).double().mean()), rel=1e-12)
+    assert agreement["step_cosine"] == pytest.approx(1.0, abs=1e-6)
     # back to the exact arithmetic, and the start's weights (the padding rows, which the papers' draws moved, too)
     llm.collective_rpc("es_init", args=(["*"],))
     llm.collective_rpc("es_load_theta", args=(str(tmp_path / "start"),))

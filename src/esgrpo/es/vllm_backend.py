@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from esgrpo.distance import distance
+from esgrpo.distance import StepAgreement, distance
 from esgrpo.engines.vllm_engine import (
     NO_ENTROPY,
     entropy_estimator,
@@ -195,6 +195,7 @@ class ESWorkerExtension:
             raise ValueError(f"master must be 'checkpoint' or 'weights', got {master!r}")
         self._es_config_override = hf_config
         self._es_noise, self._es_arith, self._es_perturbed = None, "exact", None  # until es_arithmetic
+        self._es_agreement, self._es_iteration_start = None, None  # the last update's; in place: host copy
         self._es_unpack_cpu_linears()
         params = self._es_params()
         names = select_trainable(list(params), trainable)
@@ -243,6 +244,9 @@ class ESWorkerExtension:
         if self._es_in_place():
             if self._es_perturbed is not None:
                 raise RuntimeError("the weights are perturbed already: restore them first")
+            if getattr(self, "_es_iteration_start", None) is None:  # the first member of an iteration: the
+                # weights before its restores, which the step agreement counts the update from (on the host)
+                self._es_iteration_start = {n: params[n].data.to("cpu", copy=True) for n in self._es_names}
             for name in self._es_names:
                 p = params[name].data
                 p.add_(perturbation(self._es_draw(seed, name, p.shape, p.device), sign, sigma, p.dtype))
@@ -274,19 +278,27 @@ class ESWorkerExtension:
         """theta += alpha / N * sum_n w_n sign_n eps_n (fp32), then weights <- theta. Returns ||step||."""
         config, pairs = self._es_hf_config(), [(int(s), float(g)) for s, g in seeds_signs]
         noise = getattr(self, "_es_noise", None)
+        self._es_agreement = StepAgreement()
         if self._es_in_place():
             if self._es_perturbed is not None:
                 raise RuntimeError("the update needs restored weights")
+            start, self._es_iteration_start = getattr(self, "_es_iteration_start", None), None
             return apply_update_in_place(self._es_theta, pairs, weights, alpha, noise, self._es_arith,
-                                         draw_of=self._es_draw)
+                                         draw_of=self._es_draw, agreement=self._es_agreement, start=start)
         if noise is None or noise.seeding == "per_tensor":
             def step_of(coefficients, name, shape, device):
                 return fused_weighted_sum(coefficients, name, shape, config, device)
         else:  # the papers' seedings: vLLM's own tensors
             step_of = noise.weighted_sum
-        norm = apply_update(self._es_theta, pairs, weights, alpha, step_of=step_of)
+        norm = apply_update(self._es_theta, pairs, weights, alpha, step_of=step_of, agreement=self._es_agreement)
         self.es_restore()
         return norm
+
+    def es_step_agreement(self) -> dict[str, Any] | None:
+        """The last update's `esgrpo.distance.StepAgreement` (vLLM's tensor names: qkv_proj counts as
+        attention, gate_up_proj as MLP); None before the first update."""
+        agreement = getattr(self, "_es_agreement", None)
+        return None if agreement is None else agreement.to_dict()
 
     def es_distance_from_init(self) -> float:
         if self._es_theta0 is None:
@@ -615,6 +627,9 @@ class VLLMESBackend(ESBackend):
 
     def distance_from_init(self) -> float:
         return float(self.pool.rpc_one("es_distance_from_init"))
+
+    def step_agreement(self) -> dict[str, Any] | None:
+        return self.pool.rpc_one("es_step_agreement")  # engine 0's: every engine applies the same update
 
     def save_state(self, folder: Path) -> None:
         self.pool.check_in_sync()  # engine 0 saves for all

@@ -53,7 +53,8 @@ def vllm_cpu(arch: Architecture, method: str, *, engines: int, weight_dtype: str
     processes, its weights in `weight_dtype` and its KV cache. es: the driver's fp32 master and export beside
     `engines` engines on Ray (`esgrpo.es.vllm_backend`); grpo: TRL's CPU training state (`grpo_cpu`, one
     micro-batch) beside its colocated engine; eval: one engine and the weights being loaded. in_place: ES with
-    a paper's arithmetic (`esgrpo.es.arithmetic`), no master, theta0 in the weights' dtype."""
+    a paper's arithmetic (`esgrpo.es.arithmetic`), no master, theta0 and the weights before an iteration's
+    members (what the update's step agreement is counted from) in the weights' dtype."""
     p = arch.parameters
     engine = {"vLLM engine processes": engines * VLLM_CPU_ENGINE_PROCESS_BYTES,
               f"engine weights ({weight_dtype})": engines * p * dtype_bytes(weight_dtype),
@@ -64,7 +65,9 @@ def vllm_cpu(arch: Architecture, method: str, *, engines: int, weight_dtype: str
         # engine 0 keeps theta0 on the host. Exports and checkpoints stream tensor by tensor.
         return {"train": {"driver process": PROCESS_BASE["es"], "Ray processes": RAY_PROCESSES_BYTES, **engine,
                           f"live weights beside the packed ones ({weight_dtype})": engines * p * dtype_bytes(weight_dtype),
-                          **({"theta0 (engine 0, in the weights' dtype)": p * dtype_bytes(weight_dtype)} if in_place
+                          **({"theta0 (engine 0, in the weights' dtype)": p * dtype_bytes(weight_dtype),
+                              "the weights at the iteration's start (step agreement, in their dtype)":
+                                  p * dtype_bytes(weight_dtype)} if in_place
                              else {"fp32 master theta (one per engine)": engines * 4 * p,
                                    "theta0 (engine 0, fp32)": 4 * p})}}
     if method == "grpo":
