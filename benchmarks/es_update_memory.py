@@ -75,7 +75,7 @@ def measure(case: str, backend: str) -> dict[str, int]:
     seeds = member_seeds(0, 0, 4, antithetic=True)  # two noise draws, each used with + and -
     weights = [1.0, -0.5, 0.25, -1.0]
     if backend == "vllm":
-        from esgrpo.es.vllm_backend import ESWorkerExtension
+        from esgrpo.es.vllm_worker import ESWorkerExtension
 
         config = {"vocab_size": vocab, "num_attention_heads": 8, "num_key_value_heads": 4}
         worker = type("Worker", (ESWorkerExtension,), {})()

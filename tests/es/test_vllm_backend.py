@@ -34,12 +34,12 @@ from esgrpo.es.loop import snapshot_dir, train_es
 from esgrpo.es.ops import member_seeds, normalize_fitness
 from esgrpo.es.settings import ESConfig
 from esgrpo.es.vllm_backend import (
-    ESWorkerExtension,
     VLLMESBackend,
     VLLMESPool,
     copy_model_metadata,
     population_fitness,
 )
+from esgrpo.es.vllm_worker import ESWorkerExtension
 from esgrpo.noise import tensor_noise
 from tests.conftest import REPO, REQUIRE_VLLM
 from tests.engines.vllm_helpers import fused_of, tiny_llama
@@ -756,7 +756,8 @@ def test_copy_model_metadata_skips_weights_and_sets_dtype(tmp_path):
 
 def test_es_engine_builds_vllm_without_prefix_caching(monkeypatch):
     """Perturbing weights in place invalidates cached prompt KV: the ES engine turns prefix caching off."""
-    from esgrpo.es.vllm_backend import WORKER_EXTENSION, VLLMESEngine
+    from esgrpo.es.vllm_backend import VLLMESEngine
+    from esgrpo.es.vllm_worker import WORKER_EXTENSION
 
     built = {}
 
@@ -816,7 +817,7 @@ def real_engine(tmp_path_factory):
     from transformers import LlamaConfig, LlamaForCausalLM
     from vllm import LLM
 
-    from esgrpo.es.vllm_backend import WORKER_EXTENSION
+    from esgrpo.es.vllm_worker import WORKER_EXTENSION
     from esgrpo.models.default import train_tokenizer
 
     folder = tmp_path_factory.mktemp("vllm_model")
