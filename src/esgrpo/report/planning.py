@@ -155,7 +155,7 @@ class InputFile:
 
 def _run_files(config: dict, setup: dict, needs: dict, results: str) -> dict[str, list[InputFile]]:
     """eval_prompts.jsonl / metrics.jsonl of every planned run of the kinds `needs` names."""
-    where = {"sequential": setup["sequential_task"], "ablation": setup["ablation_task"]}.get(needs.get("where"))
+    where = _where(setup, needs)
     files: dict[str, list[InputFile]] = {}
     for key, filename in (("prompts", "eval_prompts.jsonl"), ("metrics", "metrics.jsonl")):
         kinds = needs.get(key)
@@ -174,15 +174,22 @@ def _run_files(config: dict, setup: dict, needs: dict, results: str) -> dict[str
     return files
 
 
+def _where(setup: dict, needs: dict) -> str | None:
+    """The one task a stage reads (`needs["where"]`: its ablation or sequential task); None: every task."""
+    return {"sequential": setup["sequential_task"], "ablation": setup["ablation_task"]}.get(needs.get("where"))
+
+
 def _analysis_files(setup: dict, needs: dict, analysis_jobs: Sequence[AnalysisJob]) -> dict[str, list[InputFile]]:
-    """The CSVs of the analysis jobs (esgrpo.analysis.jobs) of the kinds `needs` names."""
+    """The CSVs of the analysis jobs (esgrpo.analysis.jobs) of the kinds `needs` names (on its task only, where
+    it names one)."""
+    where = _where(setup, needs)
     files: dict[str, list[InputFile]] = {}
     for analysis in ANALYSES:
         kinds = needs.get(analysis)
         if not kinds:
             continue
         jobs = {job.outputs[0]: job for job in analysis_jobs
-                if job.kind == analysis and job.model in setup["models"]
+                if job.kind == analysis and job.model in setup["models"] and where in (None, job.task)
                 and (kinds == "all" or kinds_served(job.task, job.run, setup) & set(kinds))}
         files[analysis] = [InputFile(path, jobs[path].model, jobs[path].task, jobs[path].run) for path in sorted(jobs)]
     return files

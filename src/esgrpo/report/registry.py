@@ -7,7 +7,8 @@ workflow_scripts/paper_stage.py). It imports nothing heavy: the DAG parse reads 
 (pandas, seaborn) is imported when the stage runs.
 
 `needs`: input key -> the run kinds it reads (esgrpo.report.planning.run_kind; "base" = the base evaluation,
-"all" = every file of that analysis), and "where": "ablation" / "sequential" for runs on that task only.
+"all" = every file of that analysis), and "where": "ablation" / "sequential" for runs and analyses on that task
+only.
 `caption`: the table's caption in its Markdown and LaTeX files (the CSV carries the numbers only), with
 `{fields}` filled from the stage's setup; a figure's caption is its report page, report/<name>.rst.
 """
