@@ -741,6 +741,11 @@ def test_es_arithmetic_table_puts_each_papers_arithmetic_beside_the_exact_one(tm
     """On the ablation task at the main population: the exact main runs and each paper's in-place runs, seed for
     seed; the agreement columns are metrics.jsonl's means, the distance ratio the theory analysis's final row."""
     analysis = make_results(tmp_path)
+    # the stage reads the ablation task's runs and analyses only (its `where`), of every task's that exist
+    inputs = planning.paper_input_files(CONFIG, "es_arithmetic", analysis)
+    for key in ("drift", "sparsity", "cosine", "interpolation"):
+        assert inputs[key] and {f.task for f in inputs[key]} == {"countdown3"} < {j.task for j in analysis
+                                                                                if j.kind == key}, key
     out = build(tmp_path, "es_arithmetic", analysis)
     table = pd.read_csv(out["csv"])
     assert set(table["task"]) == {"countdown3"} and set(table["arithmetic"]) == set(ARITHMETIC_LABELS.values())
