@@ -20,8 +20,9 @@ def test_cluster_doc_job_counts_are_the_dry_runs(tmp_path):
     assert written == planned, ("docs/cluster.md is stale: python scripts/job_counts.py --write docs/cluster.md\n"
                                 + planned)
     # issue 22: the dry run's count (issue 30: + 5 snapshots and their evaluations, pin_model, 4 benchmarks; issue 31:
-    # + paper B's arithmetic on the 4 easy models, trained and evaluated, then their drift analyses for b_drift)
-    assert "| `configs/paper_b.yaml` | `paper_b` | 142 |" in planned
+    # + paper B's arithmetic on the 4 easy models, trained and evaluated, then their drift analyses for b_drift, and
+    # their 4 sparsity analyses for b_sparsity)
+    assert "| `configs/paper_b.yaml` | `paper_b` | 146 |" in planned
 
 
 def _resolves(reference: str) -> bool:
