@@ -84,8 +84,8 @@ def es_tensor_bytes(n: int, assembled: bool, agreement: bool = False) -> dict[st
       and the member 4n (an assembled noise's pieces are freed before the member is made);
     - update (`esgrpo.es.ops.apply_update`): the fp32 step 4n and one noise draw 4n (an assembled tensor's
       step is its parts' sums, each built beside one part's draw, then concatenated: also 8n), then the
-      norm's float64 chunk and its square, 16c; with `agreement` (the transformers backend,
-      `esgrpo.distance.StepAgreement`) also what theta takes of the step, 4c, beside float64 copies of a
+      norm's float64 chunk and its square, 16c; with `agreement` (`esgrpo.distance.StepAgreement`, which
+      both backends count every update) also what theta takes of the step, 4c, beside float64 copies of a
       quarter chunk of it and of the step, 16 * min(n, c/4);
     - distance from theta0 (`esgrpo.distance.distance`): subtracted in float64 a chunk at a time (theta's
       chunk, theta0's, their difference: 24c), on either backend (vLLM engine 0 keeps theta0 on the host).
@@ -102,7 +102,7 @@ def es_tensor_bytes(n: int, assembled: bool, agreement: bool = False) -> dict[st
 
 def es_update_bytes(arch: Architecture, layout: str = "vllm") -> int:
     """The largest of `es_tensor_bytes` over the master's tensors: ES's working set beside theta."""
-    return max(max(es_tensor_bytes(n, assembled, agreement=layout == "hf").values())
+    return max(max(es_tensor_bytes(n, assembled, agreement=True).values())  # both backends measure it
                for n, assembled in es_tensors(arch, layout))
 
 
