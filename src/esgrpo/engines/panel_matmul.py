@@ -22,11 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -35,12 +31,14 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from esgrpo import native
+
 __all__ = ["PANEL", "Panels", "available", "kernel_name", "matmul", "pack", "panels_shape", "set_wide_tile",
            "unavailable_reason", "wide_tile"]
 
 PANEL = 24  # columns of a panel (NR in panel_matmul.c)
 SOURCE = Path(__file__).with_name("panel_matmul.c")
-FLAGS = ["-O3", "-mavx2", "-mfma", "-fPIC", "-shared"]
+FLAGS = native.AVX2_FLAGS
 # Below this many multiply-adds a call runs on one thread: smaller calls lose more to the thread pool's
 # hand-off than a second thread gains (measured: docs/references.md).
 SPLIT_MIN_MACS = 2**23
@@ -55,15 +53,9 @@ class Panels:
     inp: int
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "esgrpo" / "kernels"
-
-
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
-    """(the compiled kernel, "") or (None, why not), warned once. Built once per source and flags,
-    atomically (several Snakemake jobs may build it at once)."""
+    """(the compiled kernel, "") or (None, why not), warned once."""
     lib, reason = _build()
     if lib is None and reason != "ESGRPO_PANEL_KERNEL=0":
         warnings.warn(f"the panel kernel is not available ({reason}): per-member matmuls use oneDNN, "
@@ -74,27 +66,11 @@ def _library() -> tuple[ctypes.CDLL | None, str]:
 def _build() -> tuple[ctypes.CDLL | None, str]:
     if os.environ.get("ESGRPO_PANEL_KERNEL", "1") == "0":
         return None, "ESGRPO_PANEL_KERNEL=0"
-    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        return None, f"CPU capability {torch.backends.cpu.get_cpu_capability()} (needs AVX2 with FMA)"
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        return None, "no C compiler (cc, gcc or $CC) on PATH"
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join([compiler, *FLAGS]).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"panel_matmul-{key}.so"
-    try:
-        if not target.exists():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                built = Path(tmp) / target.name
-                run = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)], capture_output=True,
-                                     text=True)
-                if run.returncode != 0:
-                    return None, f"{compiler} failed on {SOURCE}: {run.stderr.strip()[-300:]}"
-                os.replace(built, target)
-        lib = ctypes.CDLL(str(target))
-    except OSError as err:  # a read-only cache, a library that does not load
-        return None, f"cannot build or load {target}: {err}"
+    if missing := native.avx2_missing():
+        return None, missing
+    lib, reason = native.compile_library(SOURCE, FLAGS)
+    if lib is None:
+        return None, reason
     p, i, long = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
     lib.esgrpo_panel_matmul.argtypes = [p, long, i, p, i, i, i, p]
     lib.esgrpo_panel_matmul.restype = None
