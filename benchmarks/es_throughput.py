@@ -58,6 +58,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from esgrpo import randn  # noqa: E402
 from esgrpo.engines import panel_matmul  # noqa: E402
 from esgrpo.engines.population import MemberBuffers, population_generate, sequential_generate  # noqa: E402
 from esgrpo.noise import Noise, Population  # noqa: E402
@@ -356,7 +357,8 @@ def main() -> None:
     tile = "8-row AVX-512 tile" if panel_matmul.wide_tile() else "4-row AVX2 tile"
     kernel = (f"panel kernel (esgrpo.engines.panel_matmul, {tile})" if panel_matmul.available(args.device)
               else f"oneDNN packed ({panel_matmul.unavailable_reason() or 'not a CPU'})")
-    print(f"per-member matrices of the population engine: {kernel}", flush=True)
+    print(f"per-member matrices of the population engine: {kernel}; CPU noise draws: {randn.kernel_name()}",
+          flush=True)
     for name in args.shapes.split(","):
         for n in (int(x) for x in args.members.split(",")):
             for b in (int(x) for x in args.prompts.split(",")):

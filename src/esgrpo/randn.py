@@ -69,7 +69,7 @@ def unavailable_reason() -> str:
 
 
 def kernel_name() -> str:
-    """What draws CPU noise in this process (recorded in ES summaries beside the matmul kernel)."""
+    """What draws CPU noise in this process (benchmarks print it; results do not depend on it)."""
     return "esgrpo.randn" if available() else f"torch.randn ({unavailable_reason()})"
 
 
