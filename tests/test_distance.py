@@ -23,6 +23,12 @@ def test_chunked_norms_equal_the_whole_tensor_sums_up_to_one_chunk():
     assert squared_norm(big) == pytest.approx(float(big.double().pow(2).sum()), rel=1e-14)
     assert squared_norm(big, other) == pytest.approx(float((big.double() - other.double()).pow(2).sum()), rel=1e-14)
     assert squared_norm(big, other, chunk=1000) == pytest.approx(squared_norm(big, other), rel=1e-14)
+    # a sum of chunk sums, each chunk's exactly as a fresh float64 copy gives it (the reused chunk buffer)
+    for chunk in (1000, NORM_CHUNK_ELEMENTS):
+        pieces = range(0, big.numel(), chunk)
+        assert squared_norm(big, chunk=chunk) == sum(float(big[s:s + chunk].double().pow(2).sum()) for s in pieces)
+        assert squared_norm(big, other, chunk=chunk) == sum(
+            float((big[s:s + chunk].double() - other[s:s + chunk].double()).pow(2).sum()) for s in pieces)
     with pytest.raises(ValueError, match="shape mismatch"):
         squared_norm(torch.zeros(3), torch.zeros(4))
 

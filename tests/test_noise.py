@@ -80,3 +80,20 @@ def test_lowrank_population_members_and_factors_agree():
             seed, sign = seeds[0]
             assert torch.equal(stacked[name][0], value.add(tensor_noise(seed, name, value.shape), alpha=sign * 0.1))
     assert "lm_head.weight" in pop and "not.a.tensor" not in pop
+
+
+@pytest.mark.parametrize("seeding", ["per_tensor", "paper_a", "paper_b"])
+def test_weighted_sum_adds_each_members_draw_in_order(seeding):
+    """The update's sum of weighted noises (one draw buffer for every seed) is, bit for bit, the noises drawn
+    one by one and added in the coefficients' order; zero coefficients are skipped."""
+    noise = Noise(seeding=seeding, dtype=torch.bfloat16 if seeding == "paper_a" else torch.float32)
+    coefficients = {11: 0.5, 7: -1.25, 3: 0.0, 5: 2.0}
+    for name, shape in [("model.layers.0.mlp.up_proj.weight", (48, 32)), ("model.norm.weight", (32,))]:
+        expected = torch.zeros(shape)
+        for seed, c in coefficients.items():
+            if c:
+                expected.add_(noise.draw(seed, name, shape).float(), alpha=c)
+        total = noise.weighted_sum(coefficients, name, shape)
+        assert torch.equal(total, expected), (seeding, name)
+        assert not torch.equal(total, noise.weighted_sum({11: 0.5, 7: -1.25}, name, shape))
+    assert torch.equal(noise.weighted_sum({3: 0.0}, "model.norm.weight", (32,)), torch.zeros(32))

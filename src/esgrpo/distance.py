@@ -43,12 +43,14 @@ def squared_norm(tensor: Tensor, minus: Tensor | None = None, chunk: int = NORM_
         other = None if minus is None else minus.detach().reshape(-1)
         if other is not None and other.numel() != flat.numel():
             raise ValueError(f"shape mismatch: {tuple(tensor.shape)} vs {tuple(minus.shape)}")
+        # one float64 chunk, reused: a fresh 32 MiB chunk is a fresh mapping (page faults) every time
+        buffer = torch.empty(min(chunk, flat.numel()), dtype=torch.float64, device=flat.device)
         total = 0.0
         for start in range(0, flat.numel(), chunk):
-            part = flat[start:start + chunk].double()
+            part = buffer[:min(chunk, flat.numel() - start)].copy_(flat[start:start + chunk])
             if other is not None:
-                part = part - other[start:start + chunk].to(part.device).double()
-            total += float(part.pow(2).sum())
+                part.sub_(other[start:start + chunk].to(part.device))
+            total += float(part.mul_(part).sum())  # x * x: pow(2)'s floats
     return total
 
 

@@ -161,8 +161,9 @@ class Noise:
             b = torch.cat([f[1] for _, f in factors], dim=1)
             return (a @ b.T).div_(math.sqrt(self.rank))
         total = torch.zeros(tuple(shape), dtype=torch.float32, device=device)
+        draw = torch.empty_like(total) if seeds else None  # one draw's memory for every seed (the same values)
         for s, c in seeds:
-            total.add_(self.dense(s, name, shape, device), alpha=c)
+            total.add_(self.dense(s, name, shape, device, out=draw), alpha=c)
         return total
 
 
