@@ -343,7 +343,7 @@ def test_a_dag_with_a_job_that_cannot_fit_stops_at_parse_time(tmp_path):
 
 def test_es_working_set_is_what_the_update_and_distance_allocate():
     """ES beside the fp32 master: the update holds its fp32 step and one noise draw, then a float64 chunk
-    (not a float64 copy of the whole tensor), the distance three float64 chunks (either backend); at Qwen3-4B and 7B
+    (not a float64 copy of the whole tensor), the distance two float64 chunks (either backend); at Qwen3-4B and 7B
     the embedding dominates, 8 bytes an element. The old code held 20 (update) and 24 (distance) bytes an
     element: 5.8 GiB more than counted at Qwen3-4B and 8.1 GiB at 7B (the issue's figures)."""
     from esgrpo.distance import NORM_CHUNK_ELEMENTS
@@ -355,10 +355,10 @@ def test_es_working_set_is_what_the_update_and_distance_allocate():
         assert es_update_bytes(arch, "vllm") == 8 * n
         assert (24 - 8) * n / GIB == pytest.approx(short_gib, abs=0.05)  # the old distance over the old count
     c = NORM_CHUNK_ELEMENTS
-    assert es_tensor_bytes(10 * c, assembled=False) == {"perturb": 80 * c, "update": 80 * c, "distance": 24 * c}
+    assert es_tensor_bytes(10 * c, assembled=False) == {"perturb": 80 * c, "update": 80 * c, "distance": 16 * c}
     # fused q/k/v, gate/up: the parts' sums, then their concatenation (the step): as much as one draw beside it
     assert es_tensor_bytes(10 * c, assembled=True)["update"] == 80 * c
-    assert es_tensor_bytes(1000, assembled=False)["update"] == 20 * 1000  # one chunk: a float64 copy and square
+    assert es_tensor_bytes(1000, assembled=False)["update"] == 12 * 1000  # one chunk: a float64 copy, squared in place
 
 
 @pytest.mark.slow

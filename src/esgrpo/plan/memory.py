@@ -84,11 +84,12 @@ def es_tensor_bytes(n: int, assembled: bool, agreement: bool = False) -> dict[st
       and the member 4n (an assembled noise's pieces are freed before the member is made);
     - update (`esgrpo.es.ops.apply_update`): the fp32 step 4n and one noise draw 4n (an assembled tensor's
       step is its parts' sums, each built beside one part's draw, then concatenated: also 8n), then the
-      norm's float64 chunk and its square, 16c; with `agreement` (`esgrpo.distance.StepAgreement`, which
+      norm's float64 chunk, squared in place, 8c; with `agreement` (`esgrpo.distance.StepAgreement`, which
       both backends count every update) also what theta takes of the step, 4c, beside float64 copies of a
       quarter chunk of it and of the step, 16 * min(n, c/4);
     - distance from theta0 (`esgrpo.distance.distance`): subtracted in float64 a chunk at a time (theta's
-      chunk, theta0's, their difference: 24c), on either backend (vLLM engine 0 keeps theta0 on the host).
+      chunk, theta0's chunk cast for the subtraction: 16c), on either backend (vLLM engine 0 keeps theta0 on
+      the host).
     Counted from the code; `benchmarks/es_update_memory.py` measures each (tests/plan/test_plan.py).
     """
     from esgrpo.distance import NORM_CHUNK_ELEMENTS
@@ -96,8 +97,8 @@ def es_tensor_bytes(n: int, assembled: bool, agreement: bool = False) -> dict[st
     c = min(n, NORM_CHUNK_ELEMENTS)
     agreed = 4 * c + 16 * min(n, NORM_CHUNK_ELEMENTS // 4) if agreement else 0
     return {"perturb": 8 * n,
-            "update": 4 * n + max(4 * n, 16 * c, agreed),
-            "distance": 24 * c}
+            "update": 4 * n + max(4 * n, 8 * c, agreed),
+            "distance": 16 * c}
 
 
 def es_update_bytes(arch: Architecture, layout: str = "vllm") -> int:
