@@ -2,11 +2,16 @@
 
 Run it with PYTHONPATH naming two checkouts' src/ in turn to compare them bit for bit (docs/smollm2.md):
     PYTHONPATH=src python benchmarks/es_iterations_digest.py [full|lowrank]
+Each call of the backend's evaluate, apply_update and distance_from_init is timed on stderr with the page faults
+it took (minor faults: memory touched for the first time since it was mapped).
 """
+import functools
 import hashlib
 import json
+import resource
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -38,6 +43,24 @@ cfg = ESConfig(population_size=4, sigma=1e-3, alpha=1e-3, iterations=3, prompts_
                max_new_tokens=32, checkpoint_every=0, **({"noise": "lowrank", "rank": 4} if noise == "lowrank" else {}))
 evaluate = make_population_evaluator(model, tok, lambda text, row: float(len(text) % 3 == 0))
 backend = HFESBackend(model, tok, evaluate)
+
+
+def timed(name):
+    call = getattr(backend, name)
+
+    @functools.wraps(call)
+    def run(*args, **kwargs):
+        faults, began = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+        out = call(*args, **kwargs)
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+        print(f"{name}: {time.perf_counter() - began:.2f} s, {faults} page faults ({faults * resource.getpagesize() / 1e9:.2f} GB)",
+              file=sys.stderr, flush=True)
+        return out
+    setattr(backend, name, run)
+
+
+for name in ("evaluate", "apply_update", "distance_from_init"):
+    timed(name)
 with tempfile.TemporaryDirectory() as tmp:
     train_es(backend, rows, cfg, f"{tmp}/o", f"{tmp}/p", log=lambda s: None)
     metrics = [json.loads(line) for line in Path(f"{tmp}/o/metrics.jsonl").read_text().splitlines()]
