@@ -10,12 +10,13 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
-__all__ = ["AVX2_FLAGS", "avx2_missing", "compile_library"]
+__all__ = ["AVX2_FLAGS", "avx2_missing", "compile_library", "load_kernel"]
 
 # -ffp-contract=off: a multiply and an add fuse only where the source writes one instruction, so a kernel's
 # floats do not depend on the compiler's choices
@@ -54,3 +55,22 @@ def compile_library(source: Path, flags: Sequence[str] = AVX2_FLAGS) -> tuple[ct
         return ctypes.CDLL(str(target)), ""
     except OSError as err:  # a read-only cache, a library that does not load
         return None, f"cannot build or load {target}: {err}"
+
+
+def load_kernel(source: Path, switch: str, name: str, fallback: str, prepare: Callable[[ctypes.CDLL], str],
+                flags: Sequence[str] = AVX2_FLAGS) -> tuple[ctypes.CDLL | None, str]:
+    """(the kernel `name` built from `source` and set up by `prepare`, "") or (None, why not), warning once
+    that `fallback` runs instead unless the environment variable `switch` is "0" (the user's choice).
+    `prepare(lib)` declares the library's functions and returns "" or why the kernel must not be used."""
+    if os.environ.get(switch, "1") == "0":
+        return None, f"{switch}=0"
+    reason = avx2_missing()
+    lib = None
+    if not reason:
+        lib, reason = compile_library(source, flags)
+    if lib is not None:
+        reason = prepare(lib)
+    if reason:
+        warnings.warn(f"the {name} is not available ({reason}): {fallback}", stacklevel=4)
+        return None, reason
+    return lib, ""

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,21 +31,12 @@ CHECKS = ((0, 16), (1, 17), (2**32 - 1, 31), (12345, 9984), (2**40 + 7, 9991), (
 
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
-    lib, reason = _build()
-    if lib is None and reason != "ESGRPO_RANDN_KERNEL=0":
-        warnings.warn(f"the randn kernel is not available ({reason}): ES noise is drawn by torch.randn "
-                      "(the same values, slower)", stacklevel=3)
-    return lib, reason
+    """(the compiled kernel, "") or (None, why not), warned once."""
+    return native.load_kernel(SOURCE, "ESGRPO_RANDN_KERNEL", "randn kernel",
+                              "ES noise is drawn by torch.randn (the same values, slower)", _prepare)
 
 
-def _build() -> tuple[ctypes.CDLL | None, str]:
-    if os.environ.get("ESGRPO_RANDN_KERNEL", "1") == "0":
-        return None, "ESGRPO_RANDN_KERNEL=0"
-    if missing := native.avx2_missing():
-        return None, missing
-    lib, reason = native.compile_library(SOURCE)
-    if lib is None:
-        return None, reason
+def _prepare(lib: ctypes.CDLL) -> str:
     lib.esgrpo_randn.argtypes = [ctypes.c_uint32, ctypes.c_void_p, ctypes.c_long]
     lib.esgrpo_randn.restype = None
     for seed, n in CHECKS:
@@ -55,8 +44,8 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
         lib.esgrpo_randn(seed & 0xFFFFFFFF, ours.data_ptr(), n)
         theirs = torch.randn(n, generator=torch.Generator().manual_seed(seed))
         if not torch.equal(ours.view(torch.int32), theirs.view(torch.int32)):
-            return None, f"its values differ from torch {torch.__version__}'s randn (seed {seed}, {n} values)"
-    return lib, ""
+            return f"its values differ from torch {torch.__version__}'s randn (seed {seed}, {n} values)"
+    return ""
 
 
 def available() -> bool:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,21 +55,11 @@ class Panels:
 @functools.cache
 def _library() -> tuple[ctypes.CDLL | None, str]:
     """(the compiled kernel, "") or (None, why not), warned once."""
-    lib, reason = _build()
-    if lib is None and reason != "ESGRPO_PANEL_KERNEL=0":
-        warnings.warn(f"the panel kernel is not available ({reason}): per-member matmuls use oneDNN, "
-                      "1.6-1.9x slower at 8-16 rows", stacklevel=3)
-    return lib, reason
+    return native.load_kernel(SOURCE, "ESGRPO_PANEL_KERNEL", "panel kernel",
+                              "per-member matmuls use oneDNN, 1.6-1.9x slower at 8-16 rows", _prepare, FLAGS)
 
 
-def _build() -> tuple[ctypes.CDLL | None, str]:
-    if os.environ.get("ESGRPO_PANEL_KERNEL", "1") == "0":
-        return None, "ESGRPO_PANEL_KERNEL=0"
-    if missing := native.avx2_missing():
-        return None, missing
-    lib, reason = native.compile_library(SOURCE, FLAGS)
-    if lib is None:
-        return None, reason
+def _prepare(lib: ctypes.CDLL) -> str:
     p, i, long = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
     lib.esgrpo_panel_matmul.argtypes = [p, long, i, p, i, i, i, p]
     lib.esgrpo_panel_matmul.restype = None
@@ -79,7 +68,7 @@ def _build() -> tuple[ctypes.CDLL | None, str]:
     lib.esgrpo_panel_set_wide.argtypes = [i]
     lib.esgrpo_panel_set_wide.restype = i
     lib.esgrpo_panel_set_wide(int(os.environ.get("ESGRPO_PANEL_AVX512", "1") != "0"))
-    return lib, ""
+    return ""
 
 
 def available(device: torch.device | str = "cpu") -> bool:
