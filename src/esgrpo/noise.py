@@ -141,10 +141,10 @@ class Noise:
             a, b = lowrank_factors(member_seed, name, shape, self.rank, device)
             value = (a @ b.T).div_(math.sqrt(self.rank))
             return value if out is None else out.copy_(value)
-        if self.seeding != "per_tensor":  # a bf16 draw is exact in fp32
+        if self.seeding == "paper_a":  # drawn in the weights' dtype; a bf16 draw is exact in fp32
             value = self.draw(member_seed, name, shape, device)
             return value.float() if out is None else out.copy_(value)
-        return tensor_noise(member_seed, name, shape, device, out)
+        return _standard_normal(_seed(member_seed, name, self.seeding), shape, device, out=out)
 
     @torch.no_grad()
     def weighted_sum(self, coefficients: Mapping[int, float], name: str, shape: Sequence[int],
