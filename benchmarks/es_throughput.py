@@ -5,7 +5,8 @@ per member and against batch inference of the unperturbed model, on the same N x
         [--prompt-len 40] [--new 32] [--rank 4] [--threads 1] [--calls 3] [--repeats 2] [--es-iterations 0]
         [--device cpu|cuda] [--quick]
 
-In this one process: dense fp32 matmul FLOP/s (a 2048^3 mm after warm-up; re-measured at the end),
+In this one process: dense fp32 matmul FLOP/s (a 2048^3 mm after warm-up; re-measured at the end), the
+CPU's model and its memory read speed (`read_gbs`),
 then for each random model shape (`SHAPES`: a ~0.2M and a ~4M Llama, SmolLM2-135M-Instruct's shape, and
 1B-class shapes for a GPU) and each N x B: N members theta + sigma * eps_n on B left-padded prompts of
 ~T tokens, greedy, `--new` tokens each (no EOS: every path generates exactly N x B x new tokens):
@@ -61,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from esgrpo import randn  # noqa: E402
 from esgrpo.engines import panel_matmul  # noqa: E402
 from esgrpo.engines.population import MemberBuffers, population_generate, sequential_generate  # noqa: E402
+from esgrpo.models.fingerprint import cpu_model  # noqa: E402
 from esgrpo.noise import Noise, Population  # noqa: E402
 
 
@@ -147,6 +149,19 @@ def matmul_gflops(device: str, size: int = 2048, seconds: float = 1.0) -> float:
         _sync(device)
         best = min(best, time.perf_counter() - start)
     return 2 * size**3 / best / 1e9
+
+
+def read_gbs(megabytes: int = 400, tries: int = 3) -> float:
+    """Best memory read speed (GB/s) of a sum over `megabytes` of fp32 on torch's threads: at B = 8 the
+    population path's decode is bound by reading each member's weights, so its share of batch inference
+    (bound by the matmul) follows this machine's read speed against its matmul."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    best = float("inf")
+    for _ in range(tries):
+        start = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best / 1e9
 
 
 def _sync(device: str) -> None:
@@ -354,6 +369,8 @@ def main() -> None:
     print(f"torch {torch.__version__}, device {args.device}, threads {args.threads}, cpus {os.cpu_count()}, "
           f"load average {os.getloadavg()}")
     print(f"dense fp32 matmul (2048^3 mm): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    if args.device == "cpu":
+        print(f"CPU: {cpu_model()}; memory read (sum over 400 MB): {read_gbs():.1f} GB/s", flush=True)
     tile = "8-row AVX-512 tile" if panel_matmul.wide_tile() else "4-row AVX2 tile"
     kernel = (f"panel kernel (esgrpo.engines.panel_matmul, {tile})" if panel_matmul.available(args.device)
               else f"oneDNN packed ({panel_matmul.unavailable_reason() or 'not a CPU'})")
