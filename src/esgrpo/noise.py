@@ -125,8 +125,6 @@ class Noise:
     def draw(self, member_seed: int, name: str, shape: Sequence[int], device: torch.device | str = "cpu") -> Tensor:
         """One member's full-rank standard-normal draw for one tensor, in the dtype it is drawn in (fp32, or
         `dtype` for "paper_a")."""
-        if self.seeding == "per_tensor":
-            return tensor_noise(member_seed, name, shape, device)
         dtype = self.dtype if self.seeding == "paper_a" else torch.float32
         return _standard_normal(_seed(member_seed, name, self.seeding), shape, device, dtype)
 
