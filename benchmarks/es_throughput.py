@@ -152,10 +152,10 @@ def matmul_gflops(device: str, size: int = 2048, seconds: float = 1.0) -> float:
 
 
 def read_gbs(megabytes: int = 400, tries: int = 3) -> float:
-    """Best memory read speed (GB/s) of a sum over `megabytes` of fp32 on torch's threads: at B = 8 the
-    population path's decode is bound by reading each member's weights, so its share of batch inference
-    (bound by the matmul) follows this machine's read speed against its matmul."""
-    x = torch.ones(megabytes * 2**20 // 4)
+    """Best memory read speed (GB/s) of a sum over `megabytes` (10^6 bytes) of fp32 on torch's threads: at
+    B = 8 the population path's decode reads every member's weights for few rows, so its share of batch
+    inference (which the matmul bounds) depends on this machine's read speed against its matmul."""
+    x = torch.ones(megabytes * 10**6 // 4)
     best = float("inf")
     for _ in range(tries):
         start = time.perf_counter()
